@@ -1,0 +1,71 @@
+"""Packed hidden-state shards: many samples per safetensors file, kinder to file systems.
+
+One shard holds, for its samples concatenated along the token axis:
+  input_ids            int64 [T]
+  loss_mask            bool  [T]      True on tokens the target generated
+  offsets              int64 [n+1]    sample i spans offsets[i]:offsets[i+1]
+  aux_hidden_states    dtype [T, 3H]  residual streams entering the aux layers (vLLM convention)
+  final_hidden_states  dtype [T, H]   residual stream after the last layer, BEFORE the final norm
+and the sample ids as JSON in the safetensors metadata (key "sample_ids").
+"""
+
+import hashlib
+import json
+
+import torch
+from safetensors import safe_open
+from safetensors.torch import save_file
+
+from eaglenest.atomic import atomic_path
+
+TENSOR_KEYS = ("input_ids", "loss_mask", "aux_hidden_states", "final_hidden_states")
+
+
+def shard_of(sample_id, num_shards):
+    """Shard index of a sample: a hash of its id, so appending samples never moves old ones."""
+    return int(hashlib.sha256(sample_id.encode()).hexdigest()[:12], 16) % num_shards
+
+
+def write_shard(path, samples, *, hidden_size, dtype):
+    """Pack `samples` (dicts with "id" and TENSOR_KEYS) into one shard file, atomically.
+
+    hidden_size and dtype give the tensor shapes of an empty shard (a shard no sample hashed to).
+    """
+    lengths = [len(s["input_ids"]) for s in samples]
+    offsets = torch.zeros(len(samples) + 1, dtype=torch.int64)
+    offsets[1:] = torch.cumsum(torch.tensor(lengths, dtype=torch.int64), 0)
+    empty = {
+        "input_ids": torch.zeros(0, dtype=torch.int64),
+        "loss_mask": torch.zeros(0, dtype=torch.bool),
+        "aux_hidden_states": torch.zeros(0, 3 * hidden_size, dtype=dtype),
+        "final_hidden_states": torch.zeros(0, hidden_size, dtype=dtype),
+    }
+    tensors = {key: torch.cat([empty[key]] + [s[key].to(empty[key].dtype) for s in samples]) for key in TENSOR_KEYS}
+    tensors["offsets"] = offsets
+    metadata = {"sample_ids": json.dumps([s["id"] for s in samples])}
+    with atomic_path(path) as tmp:
+        save_file(tensors, str(tmp), metadata=metadata)
+
+
+def read_shard(path):
+    """Unpack a shard into a list of per-sample dicts (views into the shard's tensors)."""
+    with safe_open(str(path), framework="pt") as f:
+        ids = json.loads(f.metadata()["sample_ids"])
+        tensors = {key: f.get_tensor(key) for key in (*TENSOR_KEYS, "offsets")}
+    offsets = tensors["offsets"].tolist()
+    samples = []
+    for i, sample_id in enumerate(ids):
+        start, end = offsets[i], offsets[i + 1]
+        sample = {key: tensors[key][start:end] for key in TENSOR_KEYS}
+        sample["id"] = sample_id
+        samples.append(sample)
+    return samples
+
+
+def sha256_file(path):
+    """Hex sha256 of a file, read in 1 MiB blocks."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()

@@ -1,0 +1,30 @@
+"""Running one pipeline stage: logging to the rule's log file, clean one-line errors for bad input."""
+
+import logging
+import sys
+
+
+class InputError(ValueError):
+    """Bad input or configuration: the message says where (file, line, field) and what."""
+
+
+def run_stage(log_path, threads, fn, *args, **kwargs):
+    """Call fn(*args, **kwargs) with logging to `log_path` and stderr, on `threads` torch threads.
+
+    An InputError ends the process with its one-line message (and no traceback); outputs are
+    written atomically by the stages, so nothing partial is left behind.
+    """
+    logging.basicConfig(
+        level=logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        handlers=[logging.FileHandler(log_path, mode="w"), logging.StreamHandler(sys.stderr)],
+        force=True,
+    )
+    import torch
+
+    torch.set_num_threads(max(1, threads))
+    try:
+        return fn(*args, **kwargs)
+    except InputError as e:
+        logging.getLogger(fn.__module__).error("%s", e)
+        sys.exit(f"error: {e}")

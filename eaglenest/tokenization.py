@@ -1,0 +1,157 @@
+"""Faithful tokenization: the token stream the target really saw and emitted (REFERENCE.md §2).
+
+input_ids = rendered prompt (chat template, add_generation_prompt=True, the template kwargs used
+at generation time) + the generated tokens; loss_mask = 1 exactly on the generated tokens.
+
+Generated tokens, when the record has no token ids (thinking mode: the prompt ends with <think>):
+    stop                      REASONING </think> CONTENT <|im_end|>
+    length, content == ""     REASONING                       (cut while thinking)
+    length, content != ""     REASONING </think> CONTENT      (cut while answering)
+Non-thinking prompts (not ending with <think>) take CONTENT [<|im_end|>] and no reasoning.
+Record token ids, when present, are used verbatim. Text from users and from the model is encoded
+with special-token parsing OFF, so a literal "<think>" typed by a user stays plain text.
+"""
+
+import json
+import logging
+import re
+from collections import Counter
+
+from eaglenest.atomic import atomic_path, write_json
+from eaglenest.records import read_records
+from eaglenest.stage import InputError
+
+log = logging.getLogger(__name__)
+
+# Private-use characters mark where message contents sit in the rendered template.
+_SLOT = re.compile("\ue000(\\d+)\ue001")
+OVERLONG_POLICIES = ("truncate", "drop", "error")
+
+
+class Tokenizer:
+    """The target's HF tokenizer plus the ids of the tokens the stream is built from."""
+
+    def __init__(self, target_dir, *, think_start, think_end, end_of_turn, chat_template_kwargs):
+        from transformers import AutoTokenizer
+
+        self.hf = AutoTokenizer.from_pretrained(target_dir)
+        self.template_kwargs = dict(chat_template_kwargs)
+        self.think_start = self.special_id(think_start)
+        self.think_end = self.special_id(think_end)
+        self.end_of_turn = self.special_id(end_of_turn)
+
+    def special_id(self, token):
+        ids = self.hf.encode(token, add_special_tokens=False)
+        if len(ids) != 1:
+            raise InputError(f"tokenizer: {token!r} is not a single special token (encodes to {ids})")
+        return ids[0]
+
+    def text(self, text):
+        """Encode text that must never produce special tokens."""
+        return self.hf.encode(text, add_special_tokens=False, split_special_tokens=True)
+
+    def template(self, text):
+        """Encode template text, whose special tokens are real."""
+        return self.hf.encode(text, add_special_tokens=False)
+
+    def prompt(self, messages):
+        """Render the prompt with the generation prompt; message contents are encoded as plain text."""
+        slotted = [{**m, "content": f"\ue000{i}\ue001"} for i, m in enumerate(messages)]
+        rendered = self.hf.apply_chat_template(
+            slotted, tokenize=False, add_generation_prompt=True, **self.template_kwargs
+        )
+        parts = _SLOT.split(rendered)
+        ids = self.template(parts[0])
+        for slot, template_text in zip(parts[1::2], parts[2::2]):
+            ids += self.text(messages[int(slot)]["content"]) + self.template(template_text)
+        return ids
+
+    def generated(self, record, thinking):
+        """The tokens the model emitted for this record (see module docstring)."""
+        if not thinking:
+            if record.reasoning_content:
+                raise InputError(
+                    f"{record.where}: field 'reasoning_content': non-empty, but the generation prompt "
+                    "does not open a think block (check chat_template_kwargs)"
+                )
+            return self.text(record.content) + ([self.end_of_turn] if record.finish_reason == "stop" else [])
+        ids = self.text(record.reasoning_content)
+        if record.finish_reason == "length" and not record.content:
+            return ids
+        ids += [self.think_end] + self.text(record.content)
+        return ids + ([self.end_of_turn] if record.finish_reason == "stop" else [])
+
+
+def tokenize_record(record, tokenizer):
+    """Record → (input_ids, loss_mask)."""
+    if record.prompt_token_ids is not None:
+        prompt, generated = record.prompt_token_ids, record.completion_token_ids
+        vocab = len(tokenizer.hf)
+        bad = [t for t in prompt + generated if t >= vocab]
+        if bad:
+            raise InputError(f"{record.where}: field 'prompt_token_ids'/'completion_token_ids': id {bad[0]} outside the vocabulary ({vocab})")
+    else:
+        prompt = tokenizer.prompt(record.messages)
+        generated = tokenizer.generated(record, thinking=prompt[-1] == tokenizer.think_start)
+    return prompt + generated, [0] * len(prompt) + [1] * len(generated)
+
+
+def tokenize_file(
+    raw_path,
+    target_dir,
+    out_path,
+    report_path,
+    *,
+    max_seq_len,
+    overlong,
+    chat_template_kwargs,
+    think_start,
+    think_end,
+    end_of_turn,
+):
+    """raw_responses.jsonl → tokenized_data.jsonl + tokenize_report.json, both atomic."""
+    if overlong not in OVERLONG_POLICIES:
+        raise ValueError(f"overlong must be one of {OVERLONG_POLICIES}, got {overlong!r}")
+    records = read_records(raw_path)
+    tokenizer = Tokenizer(
+        target_dir,
+        think_start=think_start,
+        think_end=think_end,
+        end_of_turn=end_of_turn,
+        chat_template_kwargs=chat_template_kwargs,
+    )
+    rejected, stats = Counter(), Counter()
+    with atomic_path(out_path) as tmp, open(tmp, "w", encoding="utf-8") as out:
+        for i, record in enumerate(records, 1):
+            input_ids, loss_mask = tokenize_record(record, tokenizer)
+            if len(input_ids) > max_seq_len:
+                if overlong == "error":
+                    raise InputError(
+                        f"{record.where}: sample {record.id!r}: {len(input_ids)} tokens "
+                        f"> max_seq_len {max_seq_len} (set tokenize.overlong to truncate or drop)"
+                    )
+                if overlong == "drop":
+                    rejected["too_long"] += 1
+                    continue
+                input_ids, loss_mask = input_ids[:max_seq_len], loss_mask[:max_seq_len]
+                stats["truncated"] += 1
+            if not any(loss_mask):
+                rejected["no_generated_tokens"] += 1
+                continue
+            out.write(json.dumps({"id": record.id, "input_ids": input_ids, "loss_mask": loss_mask}) + "\n")
+            stats["samples_out"] += 1
+            stats["tokens"] += len(input_ids)
+            stats["generated_tokens"] += sum(loss_mask)
+            if i % 1000 == 0:
+                log.info("tokenized %d/%d records", i, len(records))
+    report = {
+        "samples_in": len(records),
+        "samples_out": stats["samples_out"],
+        "tokens": stats["tokens"],
+        "generated_tokens": stats["generated_tokens"],
+        "truncated": stats["truncated"],
+        "rejected": dict(rejected),
+    }
+    write_json(report_path, report)
+    log.info("tokenize: %s", report)
+    return report

@@ -1,0 +1,38 @@
+# Shared settings: config validation, result paths and code fingerprints.
+import os
+import sys
+
+from snakemake.exceptions import WorkflowError
+
+# Scripts import eaglenest from this workflow's folder, not from wherever it was installed.
+sys.path.insert(0, workflow.basedir)
+os.environ["PYTHONPATH"] = os.pathsep.join([workflow.basedir, os.environ.get("PYTHONPATH", "")])
+
+from eaglenest.configuration import validate_config
+from eaglenest.fingerprint import code_fingerprint
+
+try:
+    validate_config(config, workflow.source_path("../schemas/config.schema.yaml"))
+except ValueError as e:
+    raise WorkflowError(str(e))
+if config["target"]["demo"] and "demo_target" not in config:
+    raise WorkflowError("config: demo_target: required when target.demo is true")
+if not config["target"]["demo"] and not config["target"]["path"]:
+    raise WorkflowError("config: target.path: required when target.demo is false")
+
+RESULTS = config["results"]
+TARGET = f"{RESULTS}/target" if config["target"]["demo"] else config["target"]["path"]
+TOKENIZED = f"{RESULTS}/data/tokenized_data.jsonl"
+HIDDEN = f"{RESULTS}/hidden_states"
+SHARDS = expand(
+    f"{HIDDEN}/shard_{{shard}}.safetensors",
+    shard=[f"{i:05d}" for i in range(config["hidden_states"]["num_shards"])],
+)
+MANIFEST = f"{HIDDEN}/manifest.json"
+DRAFTER = f"{RESULTS}/drafter"
+ENV = "../envs/eaglenest.yaml"
+
+
+def code(script):
+    """Fingerprint of scripts/<script>.py and the eaglenest modules it imports (a params entry)."""
+    return code_fingerprint(workflow.basedir, f"scripts/{script}.py")

@@ -1,0 +1,40 @@
+# Offline evaluation on the held-out split, and the summary printed at the end of a run.
+
+
+rule evaluate_offline:
+    input:
+        shards=SHARDS,
+        manifest=MANIFEST,
+        drafter=DRAFTER,
+        target=TARGET,
+    output:
+        metrics=f"{RESULTS}/eval/offline_metrics.json",
+    params:
+        heldout_fraction=config["train"]["heldout_fraction"],
+        num_speculative_tokens=config["eval"]["num_speculative_tokens"],
+        code=code("evaluate_offline"),
+    log:
+        f"{RESULTS}/logs/evaluate_offline.log",
+    threads: workflow.cores
+    conda:
+        ENV
+    script:
+        "../scripts/evaluate_offline.py"
+
+
+rule summary:
+    input:
+        tokenize=rules.tokenize.output.report,
+        coverage=rules.vocab_map.output.coverage,
+        train_log=rules.train_drafter.output.train_log,
+        offline=rules.evaluate_offline.output.metrics,
+    output:
+        summary=f"{RESULTS}/summary.md",
+    params:
+        code=code("summary"),
+    log:
+        f"{RESULTS}/logs/summary.log",
+    conda:
+        ENV
+    script:
+        "../scripts/summary.py"

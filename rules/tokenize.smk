@@ -1,0 +1,24 @@
+# Faithful token streams: rendered prompt + exactly the tokens the target generated.
+
+
+rule tokenize:
+    input:
+        raw=config["data"]["raw_responses"],
+        target=TARGET,
+    output:
+        data=TOKENIZED,
+        report=f"{RESULTS}/data/tokenize_report.json",
+    params:
+        max_seq_len=config["tokenize"]["max_seq_len"],
+        overlong=config["tokenize"]["overlong"],
+        chat_template_kwargs=config["tokenize"]["chat_template_kwargs"],
+        think_start=config["tokenize"]["think_start"],
+        think_end=config["tokenize"]["think_end"],
+        end_of_turn=config["tokenize"]["end_of_turn"],
+        code=code("tokenize"),
+    log:
+        f"{RESULTS}/logs/tokenize.log",
+    conda:
+        ENV
+    script:
+        "../scripts/tokenize.py"

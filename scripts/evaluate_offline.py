@@ -1,0 +1,15 @@
+from eaglenest.evaluate import evaluate_offline
+from eaglenest.stage import run_stage
+
+run_stage(
+    snakemake.log[0],
+    snakemake.threads,
+    evaluate_offline,
+    snakemake.input.shards,
+    snakemake.input.manifest,
+    snakemake.input.drafter,
+    snakemake.input.target,
+    snakemake.output.metrics,
+    heldout_fraction=snakemake.params.heldout_fraction,
+    num_speculative_tokens=snakemake.params.num_speculative_tokens,
+)

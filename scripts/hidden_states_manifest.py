@@ -1,0 +1,13 @@
+from eaglenest.hidden_states import write_manifest
+from eaglenest.stage import run_stage
+
+run_stage(
+    snakemake.log[0],
+    snakemake.threads,
+    write_manifest,
+    snakemake.input.shards,
+    snakemake.input.target,
+    snakemake.output.manifest,
+    aux_layer_ids=snakemake.params.aux_layer_ids,
+    dtype=snakemake.params.dtype,
+)

@@ -1,0 +1,13 @@
+from eaglenest.stage import run_stage
+from eaglenest.summary import write_summary
+
+run_stage(
+    snakemake.log[0],
+    snakemake.threads,
+    write_summary,
+    snakemake.input.tokenize,
+    snakemake.input.coverage,
+    snakemake.input.train_log,
+    snakemake.input.offline,
+    snakemake.output.summary,
+)

@@ -1,0 +1,11 @@
+from eaglenest.stage import run_stage
+from eaglenest.vocab import token_freq
+
+run_stage(
+    snakemake.log[0],
+    snakemake.threads,
+    token_freq,
+    snakemake.input.data,
+    snakemake.input.target,
+    snakemake.output.freq,
+)

@@ -1,0 +1,18 @@
+from eaglenest.stage import run_stage
+from eaglenest.tokenization import tokenize_file
+
+run_stage(
+    snakemake.log[0],
+    snakemake.threads,
+    tokenize_file,
+    snakemake.input.raw,
+    snakemake.input.target,
+    snakemake.output.data,
+    snakemake.output.report,
+    max_seq_len=snakemake.params.max_seq_len,
+    overlong=snakemake.params.overlong,
+    chat_template_kwargs=snakemake.params.chat_template_kwargs,
+    think_start=snakemake.params.think_start,
+    think_end=snakemake.params.think_end,
+    end_of_turn=snakemake.params.end_of_turn,
+)

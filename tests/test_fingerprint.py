@@ -1,0 +1,37 @@
+"""Code fingerprints: what a rule's script reaches, and which edits make its artifacts stale."""
+
+import shutil
+
+from eaglenest.fingerprint import code_fingerprint, module_closure
+
+from conftest import REPO
+
+
+def copy_repo(tmp_path):
+    shutil.copytree(REPO / "eaglenest", tmp_path / "eaglenest", ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copytree(REPO / "scripts", tmp_path / "scripts")
+    return tmp_path
+
+
+def test_closure_follows_eaglenest_imports_only():
+    closure = [str(p) for p in module_closure(REPO, "scripts/tokenize.py")]
+    assert closure == [
+        "eaglenest/atomic.py",
+        "eaglenest/records.py",
+        "eaglenest/stage.py",
+        "eaglenest/tokenization.py",
+        "scripts/tokenize.py",
+    ]
+    assert "eaglenest/tokenization.py" not in [str(p) for p in module_closure(REPO, "scripts/build_demo_target.py")]
+
+
+def test_comments_whitespace_and_docstrings_do_not_count_but_code_does(tmp_path):
+    root = copy_repo(tmp_path)
+    module = root / "eaglenest" / "shards.py"
+    before = code_fingerprint(root, "scripts/hidden_states.py")
+    source = module.read_text()
+    module.write_text(source.replace('"""Shard index', '"""Shard  index (typo fixed)').replace("\n\n\ndef ", "\n\n\n# note\n\ndef ") + "\n\n")
+    assert code_fingerprint(root, "scripts/hidden_states.py") == before
+    module.write_text(source.replace("% num_shards", "% (num_shards + 1)"))
+    assert code_fingerprint(root, "scripts/hidden_states.py") != before
+    assert code_fingerprint(root, "scripts/vocab_map.py") == code_fingerprint(REPO, "scripts/vocab_map.py")

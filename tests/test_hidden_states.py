@@ -1,0 +1,81 @@
+"""Hidden-state extraction: the layer convention, the final state, and stable shard assignment."""
+
+import pytest
+import torch
+
+from eaglenest.hidden_states import (
+    default_aux_layer_ids,
+    extract_shard,
+    load_target,
+    resolve_aux_layer_ids,
+    write_manifest,
+)
+from eaglenest.shards import read_shard, sha256_file, shard_of
+from eaglenest.stage import InputError
+
+SAMPLES = [
+    {"id": "s1", "input_ids": [5, 17, 30, 41, 7, 99, 3], "loss_mask": [0, 0, 0, 1, 1, 1, 1]},
+    {"id": "s2", "input_ids": [11, 12, 13], "loss_mask": [0, 1, 1]},
+]
+
+
+@pytest.fixture(scope="module")
+def extracted(demo_target, tmp_path_factory):
+    path = tmp_path_factory.mktemp("shards") / "shard_00000.safetensors"
+    extract_shard(demo_target, SAMPLES, path, aux_layer_ids=None, dtype="float32", device="cpu")
+    return path
+
+
+def test_aux_states_are_layer_inputs_in_vllm_convention(demo_target, extracted):
+    model = load_target(demo_target, "float32", "cpu")
+    ids = torch.tensor([SAMPLES[0]["input_ids"]])
+    with torch.no_grad():
+        out = model(input_ids=ids, output_hidden_states=True)
+    aux = read_shard(extracted)[0]["aux_hidden_states"]
+    H = model.config.hidden_size
+    for j, k in enumerate(default_aux_layer_ids(model.config.num_hidden_layers)):
+        # hidden_states[k] = input of layer k (hidden_states[0] is the embedding output)
+        torch.testing.assert_close(aux[:, j * H : (j + 1) * H], out.hidden_states[k][0])
+
+
+def test_stored_final_state_reproduces_the_target_logits(demo_target, extracted):
+    model = load_target(demo_target, "float32", "cpu")
+    for sample in read_shard(extracted):
+        with torch.no_grad():
+            logits = model(input_ids=sample["input_ids"][None]).logits[0]
+            rebuilt = model.lm_head(model.model.norm(sample["final_hidden_states"]))
+        torch.testing.assert_close(rebuilt, logits)
+        assert sample["input_ids"].dtype == torch.int64 and sample["loss_mask"].dtype == torch.bool
+
+
+def test_shard_contents_and_manifest(demo_target, extracted):
+    samples = read_shard(extracted)
+    assert [s["id"] for s in samples] == ["s1", "s2"]
+    assert samples[1]["input_ids"].tolist() == SAMPLES[1]["input_ids"]
+    assert samples[1]["loss_mask"].tolist() == [False, True, True]
+    manifest = write_manifest([extracted], demo_target, extracted.parent / "manifest.json", aux_layer_ids=None, dtype="float32")
+    assert manifest["aux_layer_ids"] == [2, 4, 5] and manifest["final_state"] == "pre_norm"
+    assert manifest["shards"] == [
+        {"file": extracted.name, "sample_ids": ["s1", "s2"], "num_tokens": 10, "sha256": sha256_file(extracted)}
+    ]
+
+
+def test_empty_shard_is_valid(demo_target, tmp_path):
+    path = tmp_path / "empty.safetensors"
+    extract_shard(demo_target, [], path, aux_layer_ids=None, dtype="bfloat16", device="cpu")
+    assert read_shard(path) == []
+
+
+def test_aux_layer_ids_are_checked():
+    assert resolve_aux_layer_ids(None, 61) == [2, 30, 58]  # Kimi-K2.5, vLLM's default
+    for bad in ([1, 2], [2, 2, 3], [2, 4, 8]):
+        with pytest.raises(InputError, match="aux_layer_ids"):
+            resolve_aux_layer_ids(bad, 8)
+
+
+def test_shard_assignment_is_stable_when_samples_are_appended():
+    ids = [f"sample-{i}" for i in range(200)]
+    before = {i: shard_of(i, 7) for i in ids}
+    after = {i: shard_of(i, 7) for i in ids + [f"new-{i}" for i in range(50)]}
+    assert all(after[i] == before[i] for i in ids)
+    assert len(set(before.values())) == 7  # every shard gets samples
