@@ -13,7 +13,7 @@ def write_summary(tokenize_report, coverage, train_log, offline_metrics, out_pat
     offline = json.load(open(offline_metrics))
     with open(train_log) as f:
         last = list(csv.DictReader(f, delimiter="\t"))[-1]
-    per_position = " / ".join(f"{a:.2f}" for a in offline["acceptance_per_position"])
+    per_position = " / ".join(f"{a:.2f}" for a in offline["acceptance_rate_per_position"])
     lines = [
         "# eaglenest run summary",
         "",

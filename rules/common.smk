@@ -1,12 +1,11 @@
 # Shared settings: config validation, result paths and code fingerprints.
-import os
 import sys
 
 from snakemake.exceptions import WorkflowError
 
-# Scripts import eaglenest from this workflow's folder, not from wherever it was installed.
+# The workflow uses its own eaglenest/ (scripts reach it through the scripts/eaglenest link,
+# Snakemake puts the scripts folder on their path): never an installed copy of another checkout.
 sys.path.insert(0, workflow.basedir)
-os.environ["PYTHONPATH"] = os.pathsep.join([workflow.basedir, os.environ.get("PYTHONPATH", "")])
 
 from eaglenest.configuration import validate_config
 from eaglenest.fingerprint import code_fingerprint

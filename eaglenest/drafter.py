@@ -1,0 +1,217 @@
+"""The EAGLE-3 drafter: one Llama decoder layer fed by the target, as vLLM runs it.
+
+Mirrors vLLM's `Eagle3LlamaForCausalLM` (vllm/model_executor/models/llama_eagle3.py):
+
+    h_0      = fc(cat[aux states of the target])                       [*, 3Ht] -> [*, H]
+    one step (token x, hidden h, rotary position p):
+      e        = input_layernorm(embed_tokens(x))
+      residual = h              (norm_before_residual=False: EAGLE/SGLang)
+                 hidden_norm(h) (norm_before_residual=True)
+      a        = self_attn(cat[e, hidden_norm(h)], p)                  q/k/v take 2H
+      r        = residual + a
+      out      = r + mlp(post_attention_layernorm(r))                  the PRE-norm output
+      logits   = lm_head(norm(out))                                    [*, N] draft vocab
+    the next step gets h = out: vLLM's LlamaModel returns (norm(out), out) and the proposer
+    feeds the second one back (`aux_output = hidden_prenorm` unless `norm_output`).
+
+Parameter and buffer names are the speculators weight names, so export is a state_dict save.
+"""
+
+import math
+from dataclasses import asdict, dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+@dataclass
+class DrafterConfig:
+    target_vocab_size: int  # V
+    draft_vocab_size: int  # N
+    hidden_size: int  # H (= the target's: embed_tokens comes from the target)
+    target_hidden_size: int  # Ht, width of each aux state
+    intermediate_size: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    aux_layer_ids: list  # the 3 target layer ids, vLLM convention (residual entering layer k)
+    rms_norm_eps: float = 1e-6
+    rope_theta: float = 10000.0  # plain RoPE, no scaling
+    max_position_embeddings: int = 32768
+    norm_before_residual: bool = False
+
+    def to_dict(self):
+        return asdict(self)
+
+
+class RMSNorm(nn.Module):
+    """RMSNorm computed in float32, cast back before the weight (as HF Llama and vLLM)."""
+
+    def __init__(self, dim, eps):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, x):
+        dtype = x.dtype
+        x = x.float()
+        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * x.to(dtype)
+
+
+def apply_rope(x, positions, theta):
+    """Rotate-half (neox) RoPE. x [B, T, heads, D], positions [B, T] or [T] -> [B, T, heads, D]."""
+    dim = x.shape[-1]
+    inv_freq = 1.0 / theta ** (torch.arange(0, dim, 2, device=x.device, dtype=torch.float32) / dim)
+    freqs = positions.to(torch.float32)[..., None] * inv_freq  # [..., T, D/2]
+    angles = torch.cat([freqs, freqs], dim=-1)[..., None, :]  # [..., T, 1, D]
+    x1, x2 = x.float().chunk(2, dim=-1)
+    rotated = torch.cat([-x2, x1], dim=-1)
+    return (x.float() * angles.cos() + rotated * angles.sin()).to(x.dtype)
+
+
+def repeat_kv(x, num_heads):
+    """GQA: [B, T, kv_heads, D] -> [B, T, num_heads, D], query head h reads kv head h // group."""
+    return x.repeat_interleave(num_heads // x.shape[2], dim=2)
+
+
+def shift_left(x, n, fill):
+    """x[:, t + n] at index t along dim 1, `fill` past the end. [B, T, ...] -> [B, T, ...]."""
+    out = torch.full_like(x, fill)
+    if n < x.shape[1]:
+        out[:, : x.shape[1] - n] = x[:, n:]
+    return out
+
+
+def ttt_attention(q, keys, values):
+    """Attention of one TTT step, for every anchor t at once.
+
+    q [B, T, nh, D]; keys/values: lists of [B, T, nkv, D] (after RoPE), entry 0 from step 0,
+    entry s from step s. Query t of step k attends the step-0 keys at anchors 0..t (causal)
+    and the keys of steps 1..k at its own anchor t (the diagonal): the drafter's KV cache in
+    vLLM while it drafts from anchor t. One softmax over both parts. Right padding only adds
+    anchors after t, which the causal part never sees. Returns [B, T, nh, D].
+    """
+    B, T, nh, D = q.shape
+    q = q.transpose(1, 2) / math.sqrt(D)  # [B, nh, T, D]
+    k0 = repeat_kv(keys[0], nh).transpose(1, 2)  # [B, nh, T, D]
+    v0 = repeat_kv(values[0], nh).transpose(1, 2)
+    causal = q @ k0.transpose(-1, -2)  # [B, nh, T, T]
+    future = torch.ones(T, T, dtype=torch.bool, device=q.device).triu(1)
+    causal = causal.masked_fill(future, float("-inf"))
+    diagonal = [(q * repeat_kv(k, nh).transpose(1, 2)).sum(-1, keepdim=True) for k in keys[1:]]
+    scores = torch.cat([causal, *diagonal], dim=-1)  # [B, nh, T, T + k]
+    probs = scores.float().softmax(-1).to(q.dtype)
+    out = probs[..., :T] @ v0  # [B, nh, T, D]
+    for s, v in enumerate(values[1:]):
+        out = out + probs[..., T + s, None] * repeat_kv(v, nh).transpose(1, 2)
+    return out.transpose(1, 2)
+
+
+class Attention(nn.Module):
+    def __init__(self, c):
+        super().__init__()
+        self.num_heads = c.num_attention_heads
+        self.num_kv_heads = c.num_key_value_heads
+        self.head_dim = c.head_dim
+        self.rope_theta = c.rope_theta
+        self.q_proj = nn.Linear(2 * c.hidden_size, c.num_attention_heads * c.head_dim, bias=False)
+        self.k_proj = nn.Linear(2 * c.hidden_size, c.num_key_value_heads * c.head_dim, bias=False)
+        self.v_proj = nn.Linear(2 * c.hidden_size, c.num_key_value_heads * c.head_dim, bias=False)
+        self.o_proj = nn.Linear(c.num_attention_heads * c.head_dim, c.hidden_size, bias=False)
+
+    def forward(self, x, positions, attend):
+        """x [B, T, 2H] -> [B, T, H]. `attend(q, k, v)` ([B, T, heads, D] after RoPE) chooses
+        which keys each query sees: the TTT mask in training, a KV cache in the tests."""
+        B, T, _ = x.shape
+        q = self.q_proj(x).view(B, T, self.num_heads, self.head_dim)
+        k = self.k_proj(x).view(B, T, self.num_kv_heads, self.head_dim)
+        v = self.v_proj(x).view(B, T, self.num_kv_heads, self.head_dim)
+        q = apply_rope(q, positions, self.rope_theta)
+        k = apply_rope(k, positions, self.rope_theta)
+        return self.o_proj(attend(q, k, v).reshape(B, T, -1))
+
+
+class MLP(nn.Module):
+    def __init__(self, c):
+        super().__init__()
+        self.gate_proj = nn.Linear(c.hidden_size, c.intermediate_size, bias=False)
+        self.up_proj = nn.Linear(c.hidden_size, c.intermediate_size, bias=False)
+        self.down_proj = nn.Linear(c.intermediate_size, c.hidden_size, bias=False)
+
+    def forward(self, x):
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, c):
+        super().__init__()
+        self.norm_before_residual = c.norm_before_residual
+        self.input_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps)
+        self.hidden_norm = RMSNorm(c.hidden_size, c.rms_norm_eps)
+        self.self_attn = Attention(c)
+        self.post_attention_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps)
+        self.mlp = MLP(c)
+
+    def forward(self, embeds, hidden, positions, attend):
+        """embeds, hidden [B, T, H] -> pre-norm output [B, T, H] (vLLM's layer 0 + residual add)."""
+        embeds = self.input_layernorm(embeds)
+        if self.norm_before_residual:  # vLLM `_norm_before_residual`
+            hidden = self.hidden_norm(hidden)
+            residual = hidden
+        else:  # vLLM `_norm_after_residual`
+            residual = hidden
+            hidden = self.hidden_norm(hidden)
+        attn = self.self_attn(torch.cat([embeds, hidden], dim=-1), positions, attend)
+        residual = residual + attn
+        return residual + self.mlp(self.post_attention_layernorm(residual))
+
+
+class Drafter(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        c = self.config = config
+        self.embed_tokens = nn.Embedding(c.target_vocab_size, c.hidden_size)
+        self.embed_tokens.weight.requires_grad_(False)  # the target's, frozen
+        self.fc = nn.Linear(3 * c.target_hidden_size, c.hidden_size, bias=False)  # 3 aux states
+        self.layers = nn.ModuleList([DecoderLayer(c)])
+        self.norm = RMSNorm(c.hidden_size, c.rms_norm_eps)
+        self.lm_head = nn.Linear(c.hidden_size, c.draft_vocab_size, bias=False)
+        # draft id i is target id i + d2t[i]; t2d marks the target ids in the draft vocab
+        self.register_buffer("d2t", torch.zeros(c.draft_vocab_size, dtype=torch.int64))
+        self.register_buffer("t2d", torch.zeros(c.target_vocab_size, dtype=torch.bool))
+
+    def draft_to_target(self, draft_ids):
+        return draft_ids + self.d2t[draft_ids]
+
+    def step(self, input_ids, hidden, positions, attend):
+        """One draft step: input_ids [B, T], hidden [B, T, H] at `positions`
+        -> (logits [B, T, N], the pre-norm output [B, T, H] that the next step reads)."""
+        out = self.layers[0](self.embed_tokens(input_ids), hidden, positions, attend)
+        return self.lm_head(self.norm(out)), out
+
+    def forward(self, input_ids, aux_hidden_states, num_steps):
+        """Training-time test: `num_steps` chained draft steps at every anchor t at once.
+
+        input_ids [B, T] (x), aux_hidden_states [B, T, 3Ht] (a). Step k at anchor t reads token
+        x_{t+k+1} (teacher forcing; 0 past the end) at position t+k, the hidden state fc(a_t) for
+        k = 0 and the step k-1 output otherwise, and predicts x_{t+k+2}.
+        Returns a list of num_steps logits [B, T, N]; entry k, index t = step k at anchor t.
+        """
+        T = input_ids.shape[1]
+        positions = torch.arange(T, device=input_ids.device)
+        hidden = self.fc(aux_hidden_states)  # [B, T, H]
+        keys, values = [], []
+
+        def attend(q, k, v):
+            keys.append(k)
+            values.append(v)
+            return ttt_attention(q, keys, values)
+
+        logits = []
+        for k in range(num_steps):
+            tokens = shift_left(input_ids, k + 1, 0)
+            step_logits, hidden = self.step(tokens, hidden, positions + k, attend)
+            logits.append(step_logits)
+        return logits

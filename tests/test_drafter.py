@@ -1,0 +1,243 @@
+"""The drafter computes what vLLM computes: TTT = incremental drafting with a KV cache."""
+
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+from safetensors import safe_open
+from transformers import LlamaConfig
+from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding, apply_rotary_pos_emb
+
+from eaglenest.drafter import Drafter, DrafterConfig, apply_rope, repeat_kv
+from eaglenest.export import load_drafter, read_checkpoint, write_drafter
+
+V, N, H = 96, 40, 128
+
+
+def make_drafter(norm_before_residual=False, seed=0):
+    """A random drafter of the demo geometry (2 heads, 1 KV head, head_dim 64) and a random
+    draft vocab; weights scaled up so that attention is far from uniform."""
+    torch.manual_seed(seed)
+    config = DrafterConfig(
+        target_vocab_size=V,
+        draft_vocab_size=N,
+        hidden_size=H,
+        target_hidden_size=H,
+        intermediate_size=256,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        head_dim=64,
+        aux_layer_ids=[2, 4, 5],
+        rope_theta=10000.0,
+        norm_before_residual=norm_before_residual,
+    )
+    drafter = Drafter(config)
+    with torch.no_grad():
+        for p in drafter.parameters():
+            p.add_(torch.randn_like(p) * 0.1)
+        ids = torch.randperm(V)[:N].sort().values
+        drafter.d2t.copy_(ids - torch.arange(N))
+        drafter.t2d[ids] = True
+    return drafter.eval()
+
+
+def random_inputs(B, T, seed=1):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(0, V, (B, T), generator=g), torch.randn(B, T, 3 * H, generator=g)
+
+
+def test_rope_matches_transformers():
+    config = LlamaConfig(hidden_size=H, num_attention_heads=2, head_dim=64, rope_theta=500000.0)
+    q, k = torch.randn(1, 2, 7, 64), torch.randn(1, 1, 7, 64)  # HF layout [B, heads, T, D]
+    positions = torch.tensor([[0, 1, 2, 5, 9, 30, 511]])
+    cos, sin = LlamaRotaryEmbedding(config)(q, positions)
+    q_hf, k_hf = apply_rotary_pos_emb(q, k, cos, sin)
+    ours = apply_rope(q.transpose(1, 2), positions, 500000.0).transpose(1, 2)
+    torch.testing.assert_close(ours, q_hf)
+    torch.testing.assert_close(apply_rope(k.transpose(1, 2), positions, 500000.0).transpose(1, 2), k_hf)
+
+
+def incremental_drafting(drafter, input_ids, aux, anchor, num_steps):
+    """What vLLM does at `anchor`: a prefill over positions 0..anchor (token x_{p+1} with the
+    target state a_p) writes the KV cache; then each further step appends one token at the next
+    position, feeding back the layer's PRE-norm output. Plain SDPA over the cache, no TTT mask.
+    Returns num_steps logits [N] of this anchor."""
+    layer = drafter.layers[0]
+    cache_k, cache_v = [], []
+
+    def attend(q, k, v):  # q [1, n, nh, D]: the n newest tokens, after everything cached
+        cache_k.append(k)
+        cache_v.append(v)
+        keys = repeat_kv(torch.cat(cache_k, 1), q.shape[2]).transpose(1, 2)
+        values = repeat_kv(torch.cat(cache_v, 1), q.shape[2]).transpose(1, 2)
+        n, total = q.shape[1], keys.shape[2]
+        visible = torch.arange(total)[None, :] <= torch.arange(total - n, total)[:, None]
+        out = F.scaled_dot_product_attention(q.transpose(1, 2), keys, values, attn_mask=visible)
+        return out.transpose(1, 2)
+
+    tokens = input_ids[:, 1 : anchor + 2]  # x_1 .. x_{anchor+1}
+    hidden = drafter.fc(aux[:, : anchor + 1])
+    out = layer(drafter.embed_tokens(tokens), hidden, torch.arange(anchor + 1), attend)
+    logits = [drafter.lm_head(drafter.norm(out[0, -1]))]
+    hidden = out[:, -1:]
+    for k in range(1, num_steps):
+        token = input_ids[:, anchor + k + 1 : anchor + k + 2]
+        out = layer(drafter.embed_tokens(token), hidden, torch.tensor([anchor + k]), attend)
+        logits.append(drafter.lm_head(drafter.norm(out[0, -1])))
+        hidden = out
+    return logits
+
+
+@pytest.mark.parametrize("norm_before_residual", [False, True])
+@torch.no_grad()
+def test_ttt_equals_incremental_drafting_with_kv_cache(norm_before_residual):
+    drafter = make_drafter(norm_before_residual)
+    T, K = 14, 4
+    input_ids, aux = random_inputs(1, T)
+    ttt = drafter(input_ids, aux, K)
+    for anchor in (0, 1, 5, T - K - 1):
+        for k, logits in enumerate(incremental_drafting(drafter, input_ids, aux, anchor, K)):
+            torch.testing.assert_close(ttt[k][0, anchor], logits, atol=2e-5, rtol=2e-5)
+
+
+@torch.no_grad()
+def test_norm_before_residual_changes_the_computation():
+    input_ids, aux = random_inputs(1, 6)
+    after, before = make_drafter(False), make_drafter(True)
+    assert not torch.allclose(after(input_ids, aux, 2)[1], before(input_ids, aux, 2)[1])
+
+
+@torch.no_grad()
+def test_right_padding_does_not_change_results():
+    drafter = make_drafter()
+    input_ids, aux = random_inputs(2, 12)
+    length = 7
+    padded_ids, padded_aux = input_ids.clone(), aux.clone()
+    padded_ids[1, length:], padded_aux[1, length:] = 0, 0.0
+    batch = drafter(padded_ids, padded_aux, 3)
+    alone = drafter(input_ids[1:, :length], aux[1:, :length], 3)
+    for k in range(3):  # every real anchor (padding tokens are 0, like inputs past the end)
+        torch.testing.assert_close(batch[k][1, :length], alone[k][0], atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(batch[0][0], drafter(input_ids[:1], aux[:1], 1)[0][0])
+
+
+def write(drafter, path, dtype=torch.float32):
+    path.mkdir()
+    write_drafter(
+        drafter,
+        path,
+        verifier_name_or_path="some/target",
+        verifier_architectures=["LlamaForCausalLM"],
+        speculative_tokens=3,
+        dtype=dtype,
+    )
+
+
+def test_export_round_trip_is_exact(tmp_path):
+    drafter = make_drafter()
+    write(drafter, tmp_path / "f32")
+    loaded = load_drafter(tmp_path / "f32")
+    assert loaded.config == drafter.config
+    assert loaded.state_dict().keys() == drafter.state_dict().keys()
+    for name, tensor in drafter.state_dict().items():
+        assert torch.equal(loaded.state_dict()[name], tensor), name
+
+    write(drafter, tmp_path / "bf16", dtype=torch.bfloat16)
+    loaded = load_drafter(tmp_path / "bf16")
+    for name, tensor in drafter.state_dict().items():
+        expected = tensor.to(torch.bfloat16).float() if tensor.is_floating_point() else tensor
+        assert torch.equal(loaded.state_dict()[name], expected), name
+
+
+def test_full_vocab_drafter_has_no_d2t(tmp_path):
+    """vLLM has no d2t parameter when the draft vocab is the target vocab, and rejects one."""
+    config = make_drafter().config
+    config.draft_vocab_size = V
+    drafter = Drafter(config)
+    drafter.t2d[:] = True
+    write(drafter, tmp_path / "d")
+    with safe_open(str(tmp_path / "d" / "model.safetensors"), framework="pt") as f:
+        assert "d2t" not in f.keys() and "t2d" not in f.keys()
+    loaded = load_drafter(tmp_path / "d")
+    for name, tensor in drafter.state_dict().items():
+        assert torch.equal(loaded.state_dict()[name], tensor), name
+
+
+def test_export_weight_names_and_config_are_what_vllm_reads(tmp_path):
+    drafter = make_drafter()
+    write(drafter, tmp_path / "d")
+    config = json.loads((tmp_path / "d" / "config.json").read_text())
+    assert "model_type" not in config  # vLLM then detects the speculators format
+    assert config["norm_before_residual"] is False  # explicit: vLLM's default here is True
+    assert config["eagle_aux_hidden_state_layer_ids"] == [2, 4, 5]
+    assert config["speculators_config"]["proposal_methods"][0]["speculative_tokens"] == 3
+    assert config["speculators_config"]["verifier"]["name_or_path"] == "some/target"
+    with safe_open(str(tmp_path / "d" / "model.safetensors"), framework="pt") as f:
+        names = set(f.keys())
+        assert f.get_tensor("d2t").dtype == torch.int64 and f.get_tensor("t2d").dtype == torch.bool
+    layer = "layers.0."
+    expected = {"d2t", "t2d", "embed_tokens.weight", "fc.weight", "norm.weight", "lm_head.weight"}
+    expected |= {layer + n + ".weight" for n in ("input_layernorm", "hidden_norm", "post_attention_layernorm")}
+    expected |= {f"{layer}self_attn.{p}_proj.weight" for p in "qkvo"}
+    expected |= {f"{layer}mlp.{p}_proj.weight" for p in ("gate", "up", "down")}
+    assert names == expected
+
+    # vLLM's own config translation (a dependency-free file; importing vllm takes seconds)
+    spec = importlib.util.find_spec("vllm")
+    if spec is None:
+        pytest.skip("vllm not installed")
+    algos_path = Path(spec.origin).parent / "transformers_utils/configs/speculators/algos.py"
+    algos_spec = importlib.util.spec_from_file_location("vllm_speculators_algos", algos_path)
+    algos = importlib.util.module_from_spec(algos_spec)
+    algos_spec.loader.exec_module(algos)
+    hf = dict(config["transformer_layer_config"])
+    algos.SUPPORTED_SPECULATORS_TYPES[config["speculators_model_type"]](config, hf)
+    assert hf["architectures"] == ["Eagle3LlamaForCausalLM"]
+    assert hf["norm_before_residual"] is False
+    assert hf["draft_vocab_size"] == N and hf["vocab_size"] == V
+    assert hf["eagle_aux_hidden_state_layer_ids"] == [2, 4, 5]
+    assert not (hf["norm_before_fc"] or hf["fc_norm"] or hf["norm_output"])
+
+
+def test_eagle_format_loads_to_the_same_drafter(tmp_path):
+    """EAGLE/SGLang layout: `midlayer.*`, a Llama config, aux ids under eagle_config; vLLM's
+    default for norm_before_residual there is False."""
+    drafter = make_drafter()
+    c = drafter.config
+    path = tmp_path / "eagle"
+    path.mkdir()
+    config = {
+        "architectures": ["LlamaForCausalLMEagle3"],
+        "model_type": "llama",
+        "vocab_size": V,
+        "draft_vocab_size": N,
+        "hidden_size": H,
+        "intermediate_size": c.intermediate_size,
+        "num_hidden_layers": 1,
+        "num_attention_heads": 2,
+        "num_key_value_heads": 1,
+        "head_dim": 64,
+        "rms_norm_eps": c.rms_norm_eps,
+        "rope_theta": c.rope_theta,
+        "max_position_embeddings": c.max_position_embeddings,
+        "eagle_config": {"eagle_aux_hidden_state_layer_ids": [2, 4, 5]},
+    }
+    (path / "config.json").write_text(json.dumps(config))
+    state = {n.replace("layers.0.", "midlayer."): t for n, t in drafter.state_dict().items()}
+    del state["embed_tokens.weight"]  # EAGLE checkpoints often borrow the target's
+    torch.save(state, path / "pytorch_model.bin")
+
+    with pytest.raises(ValueError, match="embed_tokens"):
+        load_drafter(path)
+    loaded = load_drafter(path, drafter.embed_tokens.weight)
+    assert loaded.config == drafter.config
+    for name, tensor in drafter.state_dict().items():
+        assert torch.equal(loaded.state_dict()[name], tensor), name
+
+    config["norm_before_fc"] = True
+    (path / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ValueError, match="norm_before_fc"):
+        read_checkpoint(path)

@@ -1,0 +1,178 @@
+"""The user stories, on real Snakemake runs of a copy of this workflow in a temporary folder."""
+
+import json
+import re
+import shutil
+import subprocess
+import sys
+
+import pytest
+import yaml
+
+from conftest import REPO
+
+WORKFLOW_FILES = ["Snakefile", "config.yaml", "rules", "scripts", "schemas", "envs", "eaglenest", "resources"]
+ALL_RULES = {
+    "tokenize", "token_freq", "vocab_map", "hidden_states", "hidden_states_manifest",
+    "train_drafter", "evaluate_offline", "summary", "all",
+}
+FAST = {  # the demo, shrunk so that a whole run takes about a minute on 2 cores
+    "demo_target": {"steps": 40, "batch_size": 8, "seq_len": 128},
+    "hidden_states": {"num_shards": 3},
+    "train": {"epochs": 2},
+}
+
+
+def merge(base, update):
+    for key, value in update.items():
+        base[key] = merge(base[key], value) if isinstance(value, dict) and key in base else value
+    return base
+
+
+def edit_config(workdir, update):
+    path = workdir / "config.yaml"
+    path.write_text(yaml.safe_dump(merge(yaml.safe_load(path.read_text()), update)))
+
+
+def snakemake(workdir, *args, check=True):
+    result = subprocess.run(
+        [sys.executable, "-m", "snakemake", "--cores", "2", *args],
+        cwd=workdir, capture_output=True, text=True,
+    )
+    if check and result.returncode != 0:
+        raise AssertionError(f"snakemake {args} failed:\n{result.stdout}\n{result.stderr}")
+    return result
+
+
+def planned(workdir, *args):
+    """{rule: job count} that `snakemake -n` would run."""
+    out = snakemake(workdir, "-n", *args).stdout
+    if "Nothing to be done" in out:
+        return {}
+    table = out.split("Job stats:")[1].split("total")[0]
+    return {m[1]: int(m[2]) for m in re.finditer(r"^(\w+)\s+(\d+)$", table, re.M)}
+
+
+def mtimes(workdir):
+    return {str(p.relative_to(workdir)): p.stat().st_mtime_ns for p in (workdir / "results").rglob("*") if p.is_file() and "logs" not in p.parts}
+
+
+def new_workdir(tmp_path):
+    workdir = tmp_path / "wf"
+    workdir.mkdir()
+    for name in WORKFLOW_FILES:
+        src = REPO / name
+        if src.is_dir():
+            shutil.copytree(src, workdir / name, symlinks=True, ignore=shutil.ignore_patterns("__pycache__"))
+        else:
+            shutil.copy2(src, workdir / name)
+    edit_config(workdir, FAST)
+    return workdir
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory):
+    """A workflow copy after one full run from scratch."""
+    workdir = new_workdir(tmp_path_factory.mktemp("built"))
+    assert planned(workdir).keys() == ALL_RULES | {"build_demo_target"}
+    snakemake(workdir)
+    return workdir
+
+
+@pytest.fixture
+def workdir(built, tmp_path):
+    """A private copy of the built workflow (results and Snakemake's metadata included)."""
+    copy = tmp_path / "wf"
+    shutil.copytree(built, copy, symlinks=True)
+    return copy
+
+
+def test_story1_one_run_builds_every_artifact_then_nothing_is_stale(built):
+    results = built / "results"
+    for path in [
+        "target/config.json", "data/tokenized_data.jsonl", "data/tokenize_report.json", "data/token_freq.pt",
+        "vocab/d2t.pt", "vocab/t2d.pt", "vocab/coverage.json", "hidden_states/manifest.json",
+        "hidden_states/shard_00000.safetensors", "hidden_states/shard_00002.safetensors",
+        "drafter/config.json", "drafter/model.safetensors", "train/train_log.tsv", "eval/offline_metrics.json",
+        "summary.md",
+    ]:
+        assert (results / path).is_file(), path
+    manifest = json.loads((results / "hidden_states/manifest.json").read_text())
+    report = json.loads((results / "data/tokenize_report.json").read_text())
+    assert sum(len(s["sample_ids"]) for s in manifest["shards"]) == report["samples_out"] == 300
+    assert json.loads((results / "vocab/coverage.json").read_text())["coverage"] < 1.0
+    for rule in ALL_RULES | {"build_demo_target"}:
+        if rule not in ("all", "hidden_states"):
+            assert (results / "logs" / f"{rule}.log").is_file(), rule
+    assert planned(built) == {}
+
+
+def test_story2_a_fix_in_tokenization_code_rebuilds_tokenize_and_downstream_only(workdir):
+    module = workdir / "eaglenest" / "records.py"  # imported by the tokenize stage only
+    module.write_text(module.read_text().replace('ROLES = ("system", "user", "assistant")', 'ROLES = ("system", "user", "assistant", "tool")'))
+    expected = ALL_RULES - {"all"}
+    plan = planned(workdir)
+    assert set(plan) - {"all"} == expected and plan["hidden_states"] == 3
+    before = mtimes(workdir)
+    snakemake(workdir)
+    after = mtimes(workdir)
+    changed = {path for path in before if after[path] != before[path]}
+    assert not any(path.startswith("results/target/") for path in changed)
+    assert {"results/data/tokenized_data.jsonl", "results/vocab/d2t.pt", "results/hidden_states/manifest.json",
+            "results/drafter/model.safetensors", "results/eval/offline_metrics.json"} <= changed
+    assert planned(workdir) == {}
+
+
+def test_comment_only_edit_rebuilds_nothing(workdir):
+    module = workdir / "eaglenest" / "tokenization.py"
+    module.write_text(module.read_text().replace("import json\n", "import json  # a comment\n\n"))
+    assert planned(workdir) == {}
+
+
+def test_story3_draft_vocab_size_reruns_vocab_training_and_evaluation_only(workdir):
+    edit_config(workdir, {"vocab": {"draft_vocab_size": 96}})
+    assert set(planned(workdir)) == {"vocab_map", "train_drafter", "evaluate_offline", "summary", "all"}
+    snakemake(workdir)
+    coverage = json.loads((workdir / "results/vocab/coverage.json").read_text())
+    assert coverage["draft_vocab_size"] == 96
+
+
+def test_story4_force_one_rule_or_regenerate_one_artifact(workdir):
+    assert set(planned(workdir, "-R", "tokenize")) == ALL_RULES
+    d2t = workdir / "results/vocab/d2t.pt"
+    d2t.unlink()
+    assert planned(workdir, "results/vocab/d2t.pt") == {"vocab_map": 1}
+    snakemake(workdir, "results/vocab/d2t.pt")
+    assert d2t.is_file()
+    assert planned(workdir, "-f", "results/vocab/d2t.pt") == {"vocab_map": 1}
+
+
+def test_bad_input_fails_with_file_line_field_and_leaves_nothing(workdir):
+    raw = workdir / "resources/demo/raw_responses.jsonl"
+    lines = raw.read_text().splitlines()
+    lines[4] = json.dumps(json.loads(lines[4]) | {"finish_reason": 3})
+    raw.write_text("\n".join(lines) + "\n")
+    result = snakemake(workdir, check=False)
+    assert result.returncode != 0
+    assert re.search(r"raw_responses\.jsonl:5: field 'finish_reason': expected str, got int", result.stderr)
+    assert not (workdir / "results/data/tokenized_data.jsonl").exists()
+    assert not list((workdir / "results/data").glob(".*tmp"))
+
+
+@pytest.mark.parametrize(
+    "update, message",
+    [
+        ({"vocab": {"draft_vocab_sise": 3}}, r"config: vocab: Additional properties are not allowed \('draft_vocab_sise' was unexpected\)"),
+        ({"tokenize": {"max_seq_len": "long"}}, r"config: tokenize\.max_seq_len: 'long' is not of type 'integer'"),
+    ],
+)
+def test_config_errors_name_the_key(tmp_path, update, message):
+    workdir = new_workdir(tmp_path)
+    edit_config(workdir, update)
+    result = snakemake(workdir, "-n", check=False)
+    assert result.returncode != 0 and re.search(message, result.stderr)
+
+
+def test_lint_is_clean():
+    result = subprocess.run([sys.executable, "-m", "snakemake", "--lint"], cwd=REPO, capture_output=True, text=True)
+    assert result.returncode == 0 and "Congratulations" in result.stdout + result.stderr
