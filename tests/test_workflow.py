@@ -170,7 +170,7 @@ def test_config_errors_name_the_key(tmp_path, update, message):
     workdir = new_workdir(tmp_path)
     edit_config(workdir, update)
     result = snakemake(workdir, "-n", check=False)
-    assert result.returncode != 0 and re.search(message, result.stderr)
+    assert result.returncode != 0 and re.search(message, result.stdout + result.stderr)
 
 
 def test_lint_is_clean():
