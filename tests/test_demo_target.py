@@ -15,15 +15,6 @@ from eaglenest.demo_target import SPECIAL_TOKENS, build_demo_target
 FAST = dict(seed=0, seq_len=128, batch_size=8, steps=40, lr=3e-3)
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """On a busy 2-core machine two OpenMP threads wait on each other (steps measured 25x slower)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 @pytest.fixture(scope="module")
 def corpus(tmp_path_factory):
     path = tmp_path_factory.mktemp("corpus") / "corpus.jsonl"

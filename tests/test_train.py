@@ -20,16 +20,6 @@ V, N, PROMPT, NEW, K = 256, 64, 8, 40, 3
 HELDOUT = 0.2
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Tiny models: one torch thread is fastest, and stays fast when the machine is busy
-    (two threads on two busy cores made this file 15x slower)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 @pytest.fixture(scope="module")
 def data(tmp_path_factory):
     """A random 8-layer Llama (the demo geometry), 48 greedy continuations of random prompts
