@@ -1,4 +1,23 @@
-# Offline evaluation on the held-out split, and the summary printed at the end of a run.
+# Pre-flight check of the drafter, offline evaluation on the held-out split, and the summary.
+
+
+rule check_drafter:
+    input:
+        drafter=DRAFTER,
+        manifest=MANIFEST,
+        d2t=rules.vocab_map.output.d2t,
+        t2d=rules.vocab_map.output.t2d,
+        target=TARGET,
+    output:
+        check=f"{RESULTS}/eval/drafter_check.json",
+    params:
+        code=code("check_drafter"),
+    log:
+        f"{RESULTS}/logs/check_drafter.log",
+    conda:
+        ENV
+    script:
+        "../scripts/check_drafter.py"
 
 
 rule evaluate_offline:
@@ -28,6 +47,7 @@ rule summary:
         coverage=rules.vocab_map.output.coverage,
         train_log=rules.train_drafter.output.train_log,
         offline=rules.evaluate_offline.output.metrics,
+        check=rules.check_drafter.output.check,
     output:
         summary=f"{RESULTS}/summary.md",
     params:

@@ -1,11 +1,17 @@
-"""Shared fixtures: a real demo target (tokenizer + tiny Llama), built once per test session."""
+"""Shared fixtures: a real demo target, and real Snakemake runs of a copy of this workflow."""
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
+import yaml
 
 from eaglenest.demo_target import build_demo_target
 
-REPO = __import__("pathlib").Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[1]
 DEMO_CORPUS = REPO / "resources" / "demo" / "corpus.jsonl"
 DEMO_RAW = REPO / "resources" / "demo" / "raw_responses.jsonl"
 
@@ -26,3 +32,59 @@ def demo_target(tmp_path_factory):
     out = tmp_path_factory.mktemp("target") / "target"
     build_demo_target(DEMO_CORPUS, out, seed=0, steps=10, batch_size=8, seq_len=128)
     return out
+
+
+WORKFLOW_FILES = ["Snakefile", "config.yaml", "rules", "scripts", "schemas", "envs", "eaglenest", "resources"]
+FAST = {  # the demo, shrunk so that a whole run takes about a minute on 2 cores
+    "demo_target": {"steps": 40, "batch_size": 8, "seq_len": 128},
+    "hidden_states": {"num_shards": 3},
+    "train": {"epochs": 2},
+}
+
+
+def merge(base, update):
+    """Deep-update the dict `base` with `update`."""
+    for key, value in update.items():
+        base[key] = merge(base[key], value) if isinstance(value, dict) and key in base else value
+    return base
+
+
+def edit_config(workdir, update):
+    """Deep-update the workflow copy's config.yaml."""
+    path = workdir / "config.yaml"
+    path.write_text(yaml.safe_dump(merge(yaml.safe_load(path.read_text()), update)))
+
+
+def snakemake(workdir, *args, check=True):
+    """Run this venv's Snakemake in `workdir`."""
+    result = subprocess.run(
+        [sys.executable, "-m", "snakemake", "--cores", "2", *args],
+        cwd=workdir, capture_output=True, text=True,
+    )
+    if check and result.returncode != 0:
+        raise AssertionError(f"snakemake {args} failed:\n{result.stdout}\n{result.stderr}")
+    return result
+
+
+def new_workdir(tmp_path):
+    """A fresh copy of the workflow (no results), with the FAST config."""
+    workdir = tmp_path / "wf"
+    workdir.mkdir()
+    for name in WORKFLOW_FILES:
+        src = REPO / name
+        if src.is_dir():
+            shutil.copytree(src, workdir / name, symlinks=True, ignore=shutil.ignore_patterns("__pycache__"))
+        else:
+            shutil.copy2(src, workdir / name)
+    edit_config(workdir, FAST)
+    return workdir
+
+
+@pytest.fixture(scope="session")
+def built(tmp_path_factory):
+    """A workflow copy after one full run from scratch."""
+    workdir = new_workdir(tmp_path_factory.mktemp("built"))
+    snakemake(workdir)
+    return workdir
+
+

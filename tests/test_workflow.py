@@ -7,41 +7,13 @@ import subprocess
 import sys
 
 import pytest
-import yaml
 
-from conftest import REPO
+from conftest import REPO, edit_config, new_workdir, snakemake
 
-WORKFLOW_FILES = ["Snakefile", "config.yaml", "rules", "scripts", "schemas", "envs", "eaglenest", "resources"]
 ALL_RULES = {
     "tokenize", "token_freq", "vocab_map", "hidden_states", "hidden_states_manifest",
-    "train_drafter", "evaluate_offline", "summary", "all",
+    "train_drafter", "check_drafter", "evaluate_offline", "summary", "all",
 }
-FAST = {  # the demo, shrunk so that a whole run takes about a minute on 2 cores
-    "demo_target": {"steps": 40, "batch_size": 8, "seq_len": 128},
-    "hidden_states": {"num_shards": 3},
-    "train": {"epochs": 2},
-}
-
-
-def merge(base, update):
-    for key, value in update.items():
-        base[key] = merge(base[key], value) if isinstance(value, dict) and key in base else value
-    return base
-
-
-def edit_config(workdir, update):
-    path = workdir / "config.yaml"
-    path.write_text(yaml.safe_dump(merge(yaml.safe_load(path.read_text()), update)))
-
-
-def snakemake(workdir, *args, check=True):
-    result = subprocess.run(
-        [sys.executable, "-m", "snakemake", "--cores", "2", *args],
-        cwd=workdir, capture_output=True, text=True,
-    )
-    if check and result.returncode != 0:
-        raise AssertionError(f"snakemake {args} failed:\n{result.stdout}\n{result.stderr}")
-    return result
 
 
 def planned(workdir, *args):
@@ -54,29 +26,8 @@ def planned(workdir, *args):
 
 
 def mtimes(workdir):
+    """Modification times of every result file (logs aside)."""
     return {str(p.relative_to(workdir)): p.stat().st_mtime_ns for p in (workdir / "results").rglob("*") if p.is_file() and "logs" not in p.parts}
-
-
-def new_workdir(tmp_path):
-    workdir = tmp_path / "wf"
-    workdir.mkdir()
-    for name in WORKFLOW_FILES:
-        src = REPO / name
-        if src.is_dir():
-            shutil.copytree(src, workdir / name, symlinks=True, ignore=shutil.ignore_patterns("__pycache__"))
-        else:
-            shutil.copy2(src, workdir / name)
-    edit_config(workdir, FAST)
-    return workdir
-
-
-@pytest.fixture(scope="module")
-def built(tmp_path_factory):
-    """A workflow copy after one full run from scratch."""
-    workdir = new_workdir(tmp_path_factory.mktemp("built"))
-    assert planned(workdir).keys() == ALL_RULES | {"build_demo_target"}
-    snakemake(workdir)
-    return workdir
 
 
 @pytest.fixture
@@ -87,13 +38,15 @@ def workdir(built, tmp_path):
     return copy
 
 
-def test_story1_one_run_builds_every_artifact_then_nothing_is_stale(built):
+def test_story1_one_run_builds_every_artifact_then_nothing_is_stale(built, tmp_path):
+    assert planned(new_workdir(tmp_path)).keys() == ALL_RULES | {"build_demo_target"}
     results = built / "results"
     for path in [
         "target/config.json", "data/tokenized_data.jsonl", "data/tokenize_report.json", "data/token_freq.pt",
         "vocab/d2t.pt", "vocab/t2d.pt", "vocab/coverage.json", "hidden_states/manifest.json",
         "hidden_states/shard_00000.safetensors", "hidden_states/shard_00002.safetensors",
         "drafter/config.json", "drafter/model.safetensors", "train/train_log.tsv", "eval/offline_metrics.json",
+        "eval/drafter_check.json",
         "summary.md",
     ]:
         assert (results / path).is_file(), path
@@ -131,7 +84,7 @@ def test_comment_only_edit_rebuilds_nothing(workdir):
 
 def test_story3_draft_vocab_size_reruns_vocab_training_and_evaluation_only(workdir):
     edit_config(workdir, {"vocab": {"draft_vocab_size": 96}})
-    assert set(planned(workdir)) == {"vocab_map", "train_drafter", "evaluate_offline", "summary", "all"}
+    assert set(planned(workdir)) == {"vocab_map", "train_drafter", "check_drafter", "evaluate_offline", "summary", "all"}
     snakemake(workdir)
     coverage = json.loads((workdir / "results/vocab/coverage.json").read_text())
     assert coverage["draft_vocab_size"] == 96
