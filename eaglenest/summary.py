@@ -29,4 +29,3 @@ def write_summary(tokenize_report, coverage, train_log, offline_metrics, out_pat
     text = "\n".join(lines) + "\n"
     with atomic_path(out_path) as tmp:
         tmp.write_text(text)
-    print(text)
