@@ -21,4 +21,5 @@ include: "rules/evaluate.smk"
 rule all:
     input:
         rules.summary.output,
+        rules.export_eagle.output,
     default_target: True

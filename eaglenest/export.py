@@ -12,8 +12,9 @@ from pathlib import Path
 
 import torch
 from safetensors import safe_open
-from safetensors.torch import save_file
+from safetensors.torch import load_file, save_file
 
+from eaglenest.atomic import atomic_dir
 from eaglenest.drafter import Drafter, DrafterConfig
 
 # Options of vLLM's Eagle3 Llama drafter that ours does not implement: refuse, not ignore.
@@ -99,6 +100,32 @@ def write_drafter(
     directory = Path(directory)
     (directory / "config.json").write_text(json.dumps(config, indent=2) + "\n")
     save_file(tensors, str(directory / "model.safetensors"), metadata={"format": "pt"})
+
+
+def eagle_config(speculators):
+    """The EAGLE/SGLang config.json (vLLM's LlamaForCausalLMEagle3) of a speculators-format config."""
+    return {
+        **speculators["transformer_layer_config"],
+        "architectures": ["LlamaForCausalLMEagle3"],
+        "draft_vocab_size": speculators["draft_vocab_size"],
+        "target_hidden_size": speculators["target_hidden_size"],
+        "norm_before_residual": speculators["norm_before_residual"],
+        "eagle_config": {
+            "use_aux_hidden_state": True,
+            "eagle_aux_hidden_state_layer_ids": speculators["eagle_aux_hidden_state_layer_ids"],
+        },
+    }
+
+
+def export_eagle(drafter_dir, out_dir):
+    """Rewrite a speculators-format drafter in the EAGLE/SGLang format: the same tensors, bit for
+    bit, with the decoder layer under `midlayer.*`, and every flag vLLM would default written."""
+    config = json.loads((Path(drafter_dir) / "config.json").read_text())
+    weights = load_file(str(Path(drafter_dir) / "model.safetensors"))
+    with atomic_dir(out_dir) as tmp:
+        (tmp / "config.json").write_text(json.dumps(eagle_config(config), indent=2) + "\n")
+        renamed = {name.replace("layers.0.", "midlayer."): tensor for name, tensor in weights.items()}
+        save_file(renamed, str(tmp / "model.safetensors"), metadata={"format": "pt"})
 
 
 def _read_weights(directory):

@@ -1,4 +1,5 @@
-# The EAGLE-3 drafter, trained with training-time test on the extracted hidden states.
+# The EAGLE-3 drafter, trained with training-time test on the extracted hidden states, and its
+# export in the EAGLE/SGLang format (results/drafter is the speculators format).
 
 
 rule train_drafter:
@@ -21,3 +22,18 @@ rule train_drafter:
         ENV
     script:
         "../scripts/train_drafter.py"
+
+
+rule export_eagle:
+    input:
+        drafter=DRAFTER,
+    output:
+        drafter=directory(f"{RESULTS}/drafter_eagle"),
+    params:
+        code=code("export_eagle"),
+    log:
+        f"{RESULTS}/logs/export_eagle.log",
+    conda:
+        ENV
+    script:
+        "../scripts/export_eagle.py"

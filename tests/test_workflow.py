@@ -12,7 +12,7 @@ from conftest import REPO, edit_config, new_workdir, snakemake
 
 ALL_RULES = {
     "tokenize", "token_freq", "vocab_map", "hidden_states", "hidden_states_manifest",
-    "train_drafter", "check_drafter", "evaluate_offline", "summary", "all",
+    "train_drafter", "export_eagle", "check_drafter", "evaluate_offline", "summary", "all",
 }
 
 
@@ -46,7 +46,7 @@ def test_story1_one_run_builds_every_artifact_then_nothing_is_stale(built, tmp_p
         "vocab/d2t.pt", "vocab/t2d.pt", "vocab/coverage.json", "hidden_states/manifest.json",
         "hidden_states/shard_00000.safetensors", "hidden_states/shard_00002.safetensors",
         "drafter/config.json", "drafter/model.safetensors", "train/train_log.tsv", "eval/offline_metrics.json",
-        "eval/drafter_check.json",
+        "eval/drafter_check.json", "drafter_eagle/config.json", "drafter_eagle/model.safetensors",
         "summary.md",
     ]:
         assert (results / path).is_file(), path
@@ -84,7 +84,7 @@ def test_comment_only_edit_rebuilds_nothing(workdir):
 
 def test_story3_draft_vocab_size_reruns_vocab_training_and_evaluation_only(workdir):
     edit_config(workdir, {"vocab": {"draft_vocab_size": 96}})
-    assert set(planned(workdir)) == {"vocab_map", "train_drafter", "check_drafter", "evaluate_offline", "summary", "all"}
+    assert set(planned(workdir)) == {"vocab_map", "train_drafter", "export_eagle", "check_drafter", "evaluate_offline", "summary", "all"}
     snakemake(workdir)
     coverage = json.loads((workdir / "results/vocab/coverage.json").read_text())
     assert coverage["draft_vocab_size"] == 96
