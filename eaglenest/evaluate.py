@@ -19,7 +19,8 @@ import torch
 from eaglenest.atomic import write_json
 from eaglenest.drafter import shift_left
 from eaglenest.export import load_drafter
-from eaglenest.train import ShardSamples, collate, is_heldout, read_target_tensors
+from eaglenest.shards import ShardSamples
+from eaglenest.train import collate, is_heldout, read_target_tensors
 
 log = logging.getLogger(__name__)
 

@@ -47,19 +47,41 @@ def write_shard(path, samples, *, hidden_size, dtype):
         save_file(tensors, str(tmp), metadata=metadata)
 
 
-def read_shard(path):
-    """Unpack a shard into a list of per-sample dicts (views into the shard's tensors)."""
-    with safe_open(str(path), framework="pt") as f:
-        ids = json.loads(f.metadata()["sample_ids"])
-        tensors = {key: f.get_tensor(key) for key in (*TENSOR_KEYS, "offsets")}
-    offsets = tensors["offsets"].tolist()
-    samples = []
-    for i, sample_id in enumerate(ids):
-        start, end = offsets[i], offsets[i + 1]
-        sample = {key: tensors[key][start:end] for key in TENSOR_KEYS}
+class ShardSamples:
+    """Random access to the samples of packed shards whose id passes `keep`.
+
+    Each sample is read with safetensors slices, so memory holds one batch, not one shard,
+    and a global shuffle costs no more than a sequential pass.
+    """
+
+    def __init__(self, shard_paths, keep=lambda sample_id: True):
+        self.index = []  # (path, start, end, sample id)
+        for path in shard_paths:
+            with safe_open(str(path), framework="pt") as f:
+                ids = json.loads(f.metadata()["sample_ids"])
+                offsets = f.get_tensor("offsets").tolist()
+            for i, sample_id in enumerate(ids):
+                if keep(sample_id):
+                    self.index.append((str(path), offsets[i], offsets[i + 1], sample_id))
+
+    def __len__(self):
+        return len(self.index)
+
+    def __getitem__(self, i):
+        path, start, end, sample_id = self.index[i]
+        with safe_open(path, framework="pt") as f:
+            sample = {key: f.get_slice(key)[start:end] for key in TENSOR_KEYS}
         sample["id"] = sample_id
-        samples.append(sample)
-    return samples
+        return sample
+
+    def num_tokens(self):
+        return sum(end - start for _, start, end, _ in self.index)
+
+
+def read_shard(path):
+    """All samples of one shard, in order."""
+    samples = ShardSamples([path])
+    return [samples[i] for i in range(len(samples))]
 
 
 def sha256_file(path):

@@ -22,7 +22,7 @@ def write_summary(tokenize_report, coverage, train_log, offline_metrics, out_pat
         f"{report['tokens']} tokens, {report['generated_tokens']} generated",
         f"- draft vocab: {cov['draft_vocab_size']} of {cov['target_vocab_size']} ids, "
         f"covering {cov['coverage']:.1%} of generated tokens",
-        f"- training: final " + ", ".join(f"{k} {v}" for k, v in last.items()),
+        "- training: final " + ", ".join(f"{k} {v}" for k, v in last.items()),
         f"- offline (held-out, K={offline['num_speculative_tokens']}): acceptance per position "
         f"{per_position}, mean acceptance length {offline['mean_acceptance_length']:.2f}",
     ]

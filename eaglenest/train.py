@@ -25,7 +25,7 @@ from safetensors import safe_open
 from eaglenest.atomic import atomic_dir
 from eaglenest.drafter import Drafter, DrafterConfig, RMSNorm
 from eaglenest.export import read_checkpoint, write_drafter
-from eaglenest.shards import TENSOR_KEYS
+from eaglenest.shards import TENSOR_KEYS, ShardSamples
 from eaglenest.target import target_config
 
 log = logging.getLogger(__name__)
@@ -36,37 +36,6 @@ def is_heldout(sample_id, fraction):
     samples are added, and every stage computes the same split from the id alone."""
     digest = hashlib.sha256(str(sample_id).encode()).digest()
     return int.from_bytes(digest[:8], "big") < fraction * 2**64
-
-
-class ShardSamples:
-    """Random access to the samples of packed shards whose id passes `keep`.
-
-    Each sample is read with safetensors slices, so memory holds one batch, not one shard,
-    and a global shuffle costs no more than a sequential pass.
-    """
-
-    def __init__(self, shard_paths, keep=lambda sample_id: True):
-        self.index = []  # (path, start, end, sample id)
-        for path in shard_paths:
-            with safe_open(str(path), framework="pt") as f:
-                ids = json.loads(f.metadata()["sample_ids"])
-                offsets = f.get_tensor("offsets").tolist()
-            for i, sample_id in enumerate(ids):
-                if keep(sample_id):
-                    self.index.append((str(path), offsets[i], offsets[i + 1], sample_id))
-
-    def __len__(self):
-        return len(self.index)
-
-    def __getitem__(self, i):
-        path, start, end, sample_id = self.index[i]
-        with safe_open(path, framework="pt") as f:
-            sample = {key: f.get_slice(key)[start:end] for key in TENSOR_KEYS}
-        sample["id"] = sample_id
-        return sample
-
-    def num_tokens(self):
-        return sum(end - start for _, start, end, _ in self.index)
 
 
 def collate(samples):
