@@ -14,7 +14,7 @@ from safetensors.torch import load_file
 
 from eaglenest.atomic import write_json
 from eaglenest.stage import InputError
-from eaglenest.target import target_config
+from eaglenest.target import target_architectures, target_config
 
 
 def vocab_problems(d2t, t2d, target_vocab_size):
@@ -79,8 +79,7 @@ def drafter_problems(drafter_dir, manifest, d2t, t2d, target_dir):
     verifier = config.get("speculators_config", {}).get("verifier", {})
     if os.path.realpath(verifier.get("name_or_path", "")) != os.path.realpath(target_dir):
         problems.append(f"the config names verifier {verifier.get('name_or_path')!r}, not the target {str(target_dir)!r}")
-    architectures = json.loads((Path(target_dir) / "config.json").read_text()).get("architectures")
-    if verifier.get("architectures") != architectures:
+    if verifier.get("architectures") != target_architectures(target_dir):
         problems.append(f"the config names verifier architectures {verifier.get('architectures')}, not the target's")
     return problems
 

@@ -26,7 +26,7 @@ from eaglenest.atomic import atomic_dir
 from eaglenest.drafter import Drafter, DrafterConfig, RMSNorm
 from eaglenest.export import read_checkpoint, write_drafter
 from eaglenest.shards import TENSOR_KEYS, ShardSamples
-from eaglenest.target import target_config
+from eaglenest.target import target_architectures, target_config
 
 log = logging.getLogger(__name__)
 
@@ -338,7 +338,7 @@ def train_drafter(
                 )
             epoch += 1
 
-    architectures = json.loads((Path(target_dir) / "config.json").read_text()).get("architectures")
+    architectures = target_architectures(target_dir)
     # The target's dtype by default: our embed_tokens then equals the target's, and vLLM shares it.
     tc = target_config(target_dir)
     export_dtype = export_dtype or tc.get("dtype") or tc.get("torch_dtype") or "bfloat16"
