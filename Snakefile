@@ -1,4 +1,4 @@
-# eaglenest: raw responses -> tokens -> draft vocab -> hidden states -> EAGLE-3 drafter -> evaluation.
+# eaglenest: prompts -> raw responses -> tokens -> draft vocab -> hidden states -> EAGLE-3 drafter -> evaluation.
 # Thin on purpose: the logic lives in the eaglenest package, one script per rule calls it.
 
 from snakemake.utils import min_version
@@ -11,6 +11,7 @@ configfile: "config.yaml"
 
 include: "rules/common.smk"
 include: "rules/target.smk"
+include: "rules/generate.smk"
 include: "rules/tokenize.smk"
 include: "rules/vocab.smk"
 include: "rules/hidden_states.smk"

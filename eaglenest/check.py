@@ -2,7 +2,8 @@
 
 Cheap (reads configs and weights, runs nothing) and meant to run before any vLLM or GPU stage:
 it catches the silent mismatches that load fine and then drag acceptance down (aux layer ids
-in another convention, d2t stored as absolute ids, a stale vocab, the wrong target).
+in another convention, a norm flag that is not the trained one, d2t stored as absolute ids, a
+stale vocab, the wrong target).
 """
 
 import json
@@ -13,6 +14,7 @@ import torch
 from safetensors.torch import load_file
 
 from eaglenest.atomic import write_json
+from eaglenest.export import read_checkpoint
 from eaglenest.stage import InputError
 from eaglenest.target import target_architectures, target_config
 
@@ -84,10 +86,22 @@ def drafter_problems(drafter_dir, manifest, d2t, t2d, target_dir):
     return problems
 
 
-def check_drafter(drafter_dir, manifest_path, d2t_path, t2d_path, target_dir, out_path):
+def trained_config_problems(drafter_dir, trained):
+    """Where the exported config, as read back, differs from the DrafterConfig training used
+    (`trained`, a dict): e.g. a flipped norm_before_residual."""
+    try:
+        exported = read_checkpoint(drafter_dir)[0].to_dict()
+    except ValueError as e:
+        return [f"config.json does not read back: {e}"]
+    return [f"{key} is {exported[key]!r} in config.json, training used {value!r}"
+            for key, value in trained.items() if exported.get(key) != value]
+
+
+def check_drafter(drafter_dir, trained_config_path, manifest_path, d2t_path, t2d_path, target_dir, out_path):
     """Write the check result as JSON, or stop with one line listing every problem found."""
     manifest = json.loads(Path(manifest_path).read_text())
     problems = drafter_problems(drafter_dir, manifest, torch.load(d2t_path), torch.load(t2d_path), target_dir)
+    problems += trained_config_problems(drafter_dir, json.loads(Path(trained_config_path).read_text()))
     if problems:
         raise InputError(f"check_drafter: {drafter_dir}: " + "; ".join(problems))
     write_json(out_path, {"drafter": str(drafter_dir), "target": str(target_dir), "aux_layer_ids": manifest["aux_layer_ids"], "ok": True})

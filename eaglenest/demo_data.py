@@ -5,7 +5,11 @@ reasoning style and answer is therefore drawn from several phrasings, while the 
 exact, so the model can be confident on tokens that follow from earlier ones (the digits of a
 result it already wrote in its reasoning) and unsure on others (which phrasing comes next).
 
-    python -m eaglenest.demo_data    # rewrites resources/demo/{corpus,raw_responses}.jsonl
+    python -m eaglenest.demo_data    # rewrites resources/demo/{corpus,prompts,raw_responses}.jsonl
+
+corpus.jsonl pre-trains the demo target; prompts.jsonl is what the demo asks it (its answers,
+generated in vLLM, are the drafter's data); raw_responses.jsonl is a hand-written set of
+responses covering every edge case of the record format (tests and README examples).
 """
 
 import argparse
@@ -20,6 +24,7 @@ DEMO_DIR = Path(__file__).resolve().parent.parent / "resources" / "demo"
 # Plain conversations mix in the benign variations, so the target has seen system prompts,
 # earlier turns, empty reasoning and unicode; the rest only ever appear as edge cases.
 PLAIN_KINDS = ["normal"] * 14 + ["system", "system", "multi_turn", "multi_turn", "empty_reasoning", "unicode"]
+PROMPT_KINDS = ["normal"] * 12 + ["system", "system", "multi_turn", "multi_turn", "unicode", "special_text"]
 EDGE_KINDS = ["normal", "system", "multi_turn", "empty_reasoning", "cut_reasoning", "cut_content",
               "unicode", "special_text"]
 
@@ -210,6 +215,13 @@ def generate_records(seed, n, edge_cases):
     return records
 
 
+def generate_prompts(seed, n):
+    """`n` prompts {"id", "messages"} (ids prompt-00001...), identical for the same seed."""
+    rng = random.Random(seed)
+    return [{"id": f"prompt-{i + 1:05d}", "messages": _record(rng, rng.choice(PROMPT_KINDS))["messages"]}
+            for i in range(n)]
+
+
 def write_jsonl(path, records):
     """One JSON object per line, unicode kept readable, written atomically."""
     with atomic_path(path) as tmp:
@@ -223,6 +235,7 @@ def main():
     parser.add_argument("--out-dir", type=Path, default=DEMO_DIR)
     args = parser.parse_args()
     write_jsonl(args.out_dir / "corpus.jsonl", generate_records(seed=1, n=4000, edge_cases=False))
+    write_jsonl(args.out_dir / "prompts.jsonl", generate_prompts(seed=3, n=2000))
     write_jsonl(args.out_dir / "raw_responses.jsonl", generate_records(seed=2, n=300, edge_cases=True))
 
 

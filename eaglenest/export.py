@@ -216,17 +216,18 @@ def read_checkpoint(path, *, require_plain_rope=True):
     return drafter_config, state
 
 
-def load_drafter(path, embed_tokens=None):
+def load_drafter(path, embed_tokens=None, config=None):
     """A Drafter (float32, eval mode) from a drafter dir in either format.
 
     Its own embed_tokens when the checkpoint has one (vLLM keeps a distinct one too), else
-    `embed_tokens` [V, H], the target's (what vLLM shares then).
+    `embed_tokens` [V, H], the target's (what vLLM shares then). `config`: a DrafterConfig
+    to use instead of the checkpoint's (the weights must fit it).
     """
-    config, state = read_checkpoint(path)
+    file_config, state = read_checkpoint(path)
     if "embed_tokens.weight" not in state:
         if embed_tokens is None:
             raise ValueError(f"{path} has no embed_tokens: pass the target's")
         state["embed_tokens.weight"] = embed_tokens
-    drafter = Drafter(config)
+    drafter = Drafter(config or file_config)
     drafter.load_state_dict({n: t.float() if t.is_floating_point() else t for n, t in state.items()})
     return drafter.eval()

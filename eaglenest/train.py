@@ -6,29 +6,44 @@ renormalised. TTT step k at anchor t predicts x_{t+k+2}, so it learns from the d
 at p = t+k+1 by soft cross-entropy, weighted step_weight_decay**k, on positions where
 x_{t+k+2} was generated (loss_mask), exists, and is the target's argmax inside the draft vocab.
 
-Built for growth: the sample order is a pure function of (seed, epoch) and the loop state is
-(drafter, optimizer, scheduler, step, epoch), so resuming from a periodic checkpoint (restore
-them, skip the epoch's first batches) and DDP (split each batch's indices by rank, wrap the
-drafter) fit without a rewrite.
+The sample order is a pure function of (seed, epoch) and the loop state is (drafter,
+optimizer, scheduler, RNG, step, log rows), so a killed run resumes from its last periodic
+checkpoint (restore them, skip the epoch's done batches) and ends as an uninterrupted one; DDP
+splits each batch's indices by rank, so the global batch and the results stay those of one
+process.
 """
 
+import ctypes
 import hashlib
 import json
 import logging
 import math
+import os
+import shutil
+import signal
+import subprocess
+import sys
 import time
 from pathlib import Path
 
 import torch
+import torch.distributed as dist
 from safetensors import safe_open
+from torch.nn.parallel import DistributedDataParallel
 
-from eaglenest.atomic import atomic_dir
+from eaglenest.atomic import atomic_dir, atomic_path, save_torch, write_json
 from eaglenest.drafter import Drafter, DrafterConfig, RMSNorm
 from eaglenest.export import read_checkpoint, write_drafter
+from eaglenest.fingerprint import code_fingerprint
 from eaglenest.shards import TENSOR_KEYS, ShardSamples
 from eaglenest.target import target_architectures, target_config
 
 log = logging.getLogger(__name__)
+
+PACKAGE_ROOT = Path(__file__).resolve().parents[1]  # the folder holding this eaglenest
+CHECKPOINT = "checkpoint.pt"  # in resume_dir
+PRCTL = ctypes.CDLL(None).prctl if sys.platform == "linux" else None  # resolved before any fork
+PR_SET_PDEATHSIG = 1
 
 
 def is_heldout(sample_id, fraction):
@@ -178,26 +193,41 @@ def init_from_checkpoint(drafter, state, target_lm_head):
     return int((rows >= 0).sum())
 
 
-def ttt_loss(drafter, batch, head, num_steps, step_weight_decay):
-    """Weighted TTT loss -> (loss, per-step mean losses, per-step accuracies vs the target's
-    argmax), each step averaged over its supervised positions."""
-    probs, in_vocab = head.distribution(batch["final_hidden_states"], drafter.t2d)  # [B, T, N]
-    logits = drafter(batch["input_ids"], batch["aux_hidden_states"], num_steps)
+def global_sum(tensor, world_size):
+    """`tensor` summed in place over the DDP ranks (unchanged with one process)."""
+    if world_size > 1:
+        dist.all_reduce(tensor)
+    return tensor
+
+
+def ttt_loss(model, batch, head, t2d, num_steps, step_weight_decay, world_size=1):
+    """Weighted TTT loss -> (loss to backpropagate, its value, per-step mean losses, per-step
+    accuracies vs the target's argmax), each step averaged over its supervised positions.
+
+    The means are over the global batch: with DDP each rank divides its sums by the counts of
+    all ranks and scales by world_size, so DDP's gradient average is one process's gradient."""
+    probs, in_vocab = head.distribution(batch["final_hidden_states"], t2d)  # [B, T, N]
+    logits = model(batch["input_ids"], batch["aux_hidden_states"], num_steps)
     T = batch["input_ids"].shape[1]
-    loss, step_losses, step_accs = 0.0, [], []
+    ce_sums, stats = [], []
     for k, step_logits in enumerate(logits):
         n = max(T - k - 2, 0)  # anchors t whose predicted token x_{t+k+2} is in the batch
         target = probs[:, k + 1 : k + 1 + n]  # target's distribution of x_{t+k+2}
         mask = batch["loss_mask"][:, k + 2 :] & in_vocab[:, k + 1 : k + 1 + n]
         step_logits = step_logits[:, :n]
         ce = -(target * step_logits.log_softmax(-1)).sum(-1)  # [B, n]
-        count = mask.sum()
-        step_loss = (ce * mask).sum() / count.clamp(min=1)
         correct = (step_logits.argmax(-1) == target.argmax(-1)) & mask
-        loss = loss + step_weight_decay**k * step_loss
-        step_losses.append(step_loss.item())
-        step_accs.append(correct.sum().item() / max(count.item(), 1))
-    return loss, step_losses, step_accs
+        ce_sums.append((ce * mask).sum())
+        stats.append(torch.stack([ce_sums[-1].detach(), mask.sum(), correct.sum()]).double())
+    ce_total, counts, corrects = global_sum(torch.stack(stats), world_size).T.tolist()
+    counts = [max(count, 1) for count in counts]
+    loss = 0.0
+    for k, (ce_sum, count) in enumerate(zip(ce_sums, counts)):
+        loss = loss + step_weight_decay**k * (ce_sum / count)
+    step_losses = [c / count for c, count in zip(ce_total, counts)]
+    value = sum(step_weight_decay**k * step_loss for k, step_loss in enumerate(step_losses))
+    step_accs = [c / count for c, count in zip(corrects, counts)]
+    return loss * world_size, value, step_losses, step_accs
 
 
 def epoch_batches(num_samples, batch_size, seed, epoch):
@@ -213,6 +243,126 @@ def lr_factor(step, warmup, total_steps):
         return (step + 1) / warmup
     progress = (step - warmup) / max(total_steps - warmup, 1)
     return 0.5 * (1 + math.cos(math.pi * min(progress, 1.0)))
+
+
+# Arguments that leave what training computes unchanged: a checkpoint stays valid across them.
+NOT_IN_RUN_KEY = (
+    "out_dir", "log_path", "trained_config_path", "resume_dir", "checkpoint_every", "num_processes", "num_workers",
+    "device", "verifier_name_or_path", "export_dtype",
+)
+
+
+def run_key(arguments):
+    """Hash of everything that determines a training run: its settings, the data (the manifest
+    holds each shard's sha256), the vocab maps, the target's config, the init_from path and the
+    training code. A checkpoint with another key belongs to another run."""
+    key = {name: value for name, value in arguments.items() if name not in NOT_IN_RUN_KEY}
+    key["shard_paths"] = [Path(path).name for path in arguments["shard_paths"]]
+    key["manifest_path"] = Path(arguments["manifest_path"]).read_text()
+    # by content: the bytes torch.save writes also hold the file's name
+    d2t, t2d = load_vocab(key.pop("d2t_path"), key.pop("t2d_path"))
+    key["vocab"] = hashlib.sha256(d2t.numpy().tobytes() + t2d.numpy().tobytes()).hexdigest()
+    key["target_dir"] = target_config(arguments["target_dir"])
+    key["code"] = code_fingerprint(PACKAGE_ROOT, "eaglenest/train.py")
+    return hashlib.sha256(json.dumps(key, sort_keys=True, default=str).encode()).hexdigest()
+
+
+def read_resume_checkpoint(resume_dir, key):
+    """The checkpoint in resume_dir if it was written by the run with this key, else None."""
+    path = Path(resume_dir) / CHECKPOINT
+    if not path.exists():
+        return None
+    state = torch.load(path, map_location="cpu", weights_only=True)
+    if state["run_key"] != key:
+        log.info("ignoring the stale checkpoint %s (of other settings, data or code)", path)
+        return None
+    return state
+
+
+def save_loop_state(path, drafter, optimizer, scheduler, device, **progress):
+    """Checkpoint the loop state: weights (but the frozen embed_tokens, the target's), optimizer,
+    scheduler, RNG, and `progress` (run_key, step, tokens, elapsed, log rows, window)."""
+    rng = {"cpu": torch.get_rng_state()}
+    if device.type == "cuda":
+        rng["cuda"] = torch.cuda.get_rng_state(device)
+    weights = {n: t for n, t in drafter.state_dict().items() if n != "embed_tokens.weight"}
+    save_torch(path, {
+        "drafter": weights, "optimizer": optimizer.state_dict(),
+        "scheduler": scheduler.state_dict(), "rng": rng, **progress,
+    })
+
+
+def restore_loop_state(state, drafter, optimizer, scheduler, device):
+    """Load a save_loop_state checkpoint into the loop's objects and the RNG."""
+    drafter.load_state_dict(state["drafter"], strict=False)  # all but embed_tokens
+    optimizer.load_state_dict(state["optimizer"])
+    scheduler.load_state_dict(state["scheduler"])
+    torch.set_rng_state(state["rng"]["cpu"])
+    if device.type == "cuda" and "cuda" in state["rng"]:
+        torch.cuda.set_rng_state(state["rng"]["cuda"], device)
+
+
+def training_device(device):
+    """`device`, by default cuda when available, else cpu; under torchrun the cuda device of
+    this process's LOCAL_RANK."""
+    device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    if device.type == "cuda" and "LOCAL_RANK" in os.environ:
+        device = torch.device("cuda", int(os.environ["LOCAL_RANK"]))
+    return device
+
+
+def die_with_parent():
+    """Have the kernel SIGKILL this process when its parent dies (Linux): a killed job leaves
+    no torchrun or DDP worker training on (torchrun starts its workers in sessions of their
+    own, out of reach of a kill of the job's process group)."""
+    if PRCTL is not None:
+        PRCTL(PR_SET_PDEATHSIG, signal.SIGKILL)
+
+
+def launch_workers(arguments):
+    """Run train_drafter in num_processes processes on this node with torchrun, each running
+    the entry a multi-node torchrun (e.g. under SLURM) runs: `python -m eaglenest.train ARGS`.
+    The workers' output goes to this process's log."""
+    n = arguments["num_processes"]
+    env = dict(
+        os.environ,
+        OMP_NUM_THREADS=str(max(1, torch.get_num_threads() // n)),  # share this job's threads
+        # the workers import this very eaglenest: not one in the working directory (safe path),
+        # nor an installed copy of another checkout
+        PYTHONPATH=os.pathsep.join(filter(None, [str(PACKAGE_ROOT), os.environ.get("PYTHONPATH")])),
+        PYTHONSAFEPATH="1",
+    )
+    # beside the log: on the file system the job writes to (a multi-node one shares it), and
+    # replaced, not piled up, by a rerun after a kill
+    log_path = Path(arguments["log_path"])
+    path = log_path.with_name(f".{log_path.name}.torchrun.json")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(arguments, default=str))
+    command = [
+        sys.executable, "-m", "torch.distributed.run", "--standalone",
+        f"--nproc-per-node={n}", "-m", "eaglenest.train", str(path),
+    ]
+    log.info("launching %d processes: %s", n, " ".join(command))
+    try:
+        with subprocess.Popen(
+            command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+            preexec_fn=die_with_parent,
+        ) as workers:
+            for line in workers.stdout:
+                log.info("%s", line.rstrip())
+    finally:
+        path.unlink()
+    if workers.returncode:
+        raise RuntimeError(f"torchrun exited with status {workers.returncode} (output above)")
+
+
+def write_tsv(path, columns, rows):
+    """The training log: a header, then one line per row; atomically."""
+    with atomic_path(path) as tmp:
+        with open(tmp, "w") as tsv:
+            for values in [columns, *rows]:
+                tsv.write("\t".join(f"{v:.6g}" if isinstance(v, float) else str(v) for v in values))
+                tsv.write("\n")
 
 
 def train_drafter(
@@ -241,8 +391,12 @@ def train_drafter(
     export_dtype=None,
     num_workers=0,
     device=None,
+    trained_config_path=None,
+    resume_dir=None,
+    checkpoint_every=50,
+    num_processes=1,
 ):
-    """Train a drafter; write it to out_dir (speculators format, atomically) and a TSV log.
+    """Train a drafter; write it to out_dir (speculators format) and a TSV log, atomically.
 
     Trains max_steps optimizer steps if given, else `epochs` passes over the samples that are
     not held out (see is_heldout). `init_from`: a pre-trained drafter dir, speculators or
@@ -253,9 +407,23 @@ def train_drafter(
     (intermediate_size, num_attention_heads, num_key_value_heads, head_dim, ...).
     The TSV has one row per `log_every` steps: means over those steps of the loss, the step
     losses and the step accuracies (draft argmax = target argmax). Deterministic for a seed on
-    CPU. Returns the last row as a dict.
+    CPU.
+
+    `trained_config_path`: where to write the DrafterConfig as trained (JSON), what the
+    pre-flight check and evaluate_vllm hold the export and vLLM's reading of it against.
+
+    `resume_dir`: a directory of training's own (deleted on success). Every checkpoint_every
+    steps the loop state goes there; a rerun of the same run (see run_key) resumes from it and
+    ends as an uninterrupted run would. `num_processes` > 1: DDP over that many processes
+    launched by torchrun (cuda: one GPU each; else gloo on CPU), each batch split across them.
     """
-    device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    arguments = dict(locals())  # every argument: for the run key and for torchrun's workers
+    distributed = dist.is_available() and dist.is_initialized()
+    if num_processes > 1 and not distributed:
+        launch_workers(arguments)
+        return
+    rank, world_size = (dist.get_rank(), dist.get_world_size()) if distributed else (0, 1)
+    device = training_device(device)
     manifest = json.loads(Path(manifest_path).read_text())
     d2t, t2d = load_vocab(d2t_path, t2d_path)
     head = TargetHead(target_dir, device)
@@ -292,51 +460,76 @@ def train_drafter(
     columns = ["step", "epoch", "lr", "loss"]
     columns += [f"loss_{k}" for k in range(ttt_steps)] + [f"acc_{k}" for k in range(ttt_steps)]
     columns += ["tokens", "elapsed_s"]
-    Path(log_path).parent.mkdir(parents=True, exist_ok=True)
-    log.info("%d samples, %d steps, device %s", len(samples), total_steps, device)
+    log.info(
+        "%d samples, %d steps, device %s, %d processes",
+        len(samples), total_steps, device, world_size,
+    )
 
-    start, tokens, step, epoch, record = time.time(), 0, 0, 0, None
+    step, tokens, elapsed_before, rows = 0, 0, 0.0, []
     window = []  # per step [loss, step losses..., step accuracies...] since the last log line
-    with open(log_path, "w") as tsv:
-        tsv.write("\t".join(columns) + "\n")
-        while step < total_steps:
-            batches = epoch_batches(len(samples), batch_size, seed, epoch)[: total_steps - step]
-            loader = torch.utils.data.DataLoader(
-                samples, batch_sampler=batches, collate_fn=collate, num_workers=num_workers
-            )
-            for batch in loader:
-                batch = {key: t.to(device) for key, t in batch.items()}
-                with autocast:
-                    loss, step_losses, step_accs = ttt_loss(
-                        drafter, batch, head, ttt_steps, step_weight_decay
-                    )
-                optimizer.zero_grad(set_to_none=True)
-                loss.backward()
-                torch.nn.utils.clip_grad_norm_(params, max_grad_norm)
-                optimizer.step()
-                scheduler.step()
-                step += 1
-                tokens += int(batch["loss_mask"].sum())
-                window.append([loss.item(), *step_losses, *step_accs])
-                if step % log_every and step != total_steps:
-                    continue
+    this_run = run_key(arguments) if resume_dir else None
+    state = read_resume_checkpoint(resume_dir, this_run) if resume_dir else None
+    if state is not None:
+        restore_loop_state(state, drafter, optimizer, scheduler, device)
+        step, tokens, elapsed_before = state["step"], state["tokens"], state["elapsed"]
+        rows, window = state["rows"], state["window"]
+        log.info("resuming from step %d/%d (%s)", step, total_steps, resume_dir)
+    model = drafter
+    if distributed:
+        device_ids = [device.index] if device.type == "cuda" else None
+        model = DistributedDataParallel(drafter, device_ids=device_ids)
 
-                elapsed = time.time() - start
+    start, first_step = time.time(), step
+    while step < total_steps:
+        epoch, done = divmod(step, steps_per_epoch)  # resumed: skip the epoch's done batches
+        batches = epoch_batches(len(samples), batch_size, seed, epoch)[done:][: total_steps - step]
+        shares = [indices[rank::world_size] for indices in batches]
+        # A rank without a sample of a (last, small) batch takes a masked copy of one: it adds
+        # nothing but still joins DDP's gradient all-reduce. Own generator: the worker seeds
+        # the loader draws leave the global RNG (saved in checkpoints) alone.
+        loader = torch.utils.data.DataLoader(
+            samples,
+            batch_sampler=[share or indices[:1] for share, indices in zip(shares, batches)],
+            collate_fn=collate,
+            num_workers=num_workers,
+            generator=torch.Generator(),
+        )
+        for share, batch in zip(shares, loader):
+            batch = {key: t.to(device) for key, t in batch.items()}
+            if not share:
+                batch["loss_mask"].zero_()
+            with autocast:
+                loss, value, step_losses, step_accs = ttt_loss(
+                    model, batch, head, drafter.t2d, ttt_steps, step_weight_decay, world_size
+                )
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(params, max_grad_norm)
+            optimizer.step()
+            scheduler.step()
+            step += 1
+            tokens += int(global_sum(batch["loss_mask"].sum(), world_size))
+            window.append([value, *step_losses, *step_accs])
+            elapsed = elapsed_before + time.time() - start
+            if step % log_every == 0 or step == total_steps:
                 means = [sum(column) / len(window) for column in zip(*window)]
                 window = []
-                values = [step, epoch, scheduler.get_last_lr()[0], *means, tokens, elapsed]
-                record = dict(zip(columns, values))
-                tsv.write("\t".join(f"{v:.6g}" if isinstance(v, float) else str(v) for v in values))
-                tsv.write("\n")
-                tsv.flush()
-                rate = step / elapsed
+                rows.append([step, epoch, scheduler.get_last_lr()[0], *means, tokens, elapsed])
+                rate = (step - first_step) / (time.time() - start)
                 log.info(
                     "step %d/%d epoch %d loss %.4f acc %s | %.2f steps/s %.0f tok/s ETA %.1f min",
                     step, total_steps, epoch, means[0],
                     " ".join(f"{a:.3f}" for a in means[1 + ttt_steps :]),
                     rate, tokens / elapsed, (total_steps - step) / rate / 60,
                 )
-            epoch += 1
+            if resume_dir and rank == 0 and step % checkpoint_every == 0 and step < total_steps:
+                save_loop_state(
+                    Path(resume_dir) / CHECKPOINT, drafter, optimizer, scheduler, device,
+                    run_key=this_run, step=step, tokens=tokens, elapsed=elapsed,
+                    rows=rows, window=window,
+                )
+    if rank > 0:
+        return
 
     architectures = target_architectures(target_dir)
     # The target's dtype by default: our embed_tokens then equals the target's, and vLLM shares it.
@@ -351,4 +544,32 @@ def train_drafter(
             speculative_tokens=ttt_steps,
             dtype=getattr(torch, export_dtype),
         )
-    return record
+    if trained_config_path:
+        write_json(trained_config_path, drafter.config.to_dict())
+    write_tsv(log_path, columns, rows)
+    if resume_dir and Path(resume_dir).exists():
+        shutil.rmtree(resume_dir)
+
+
+def main(arguments_path):
+    """torchrun's entry: this process's rank of train_drafter, arguments from a JSON file."""
+    die_with_parent()
+    arguments = json.loads(Path(arguments_path).read_text())
+    rank = int(os.environ["RANK"])
+    logging.basicConfig(
+        level=logging.INFO if rank == 0 else logging.WARNING,
+        format=f"rank {rank} %(levelname)s: %(message)s",
+        stream=sys.stderr,
+    )
+    device = training_device(arguments.pop("device"))
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
+    try:
+        train_drafter(**arguments, device=str(device))
+    finally:
+        dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])

@@ -21,6 +21,7 @@ if not config["target"]["demo"] and not config["target"]["path"]:
 
 RESULTS = config["results"]
 TARGET = f"{RESULTS}/target" if config["target"]["demo"] else config["target"]["path"]
+RAW_RESPONSES = config["data"]["raw_responses"] or f"{RESULTS}/responses/raw_responses.jsonl"
 TOKENIZED = f"{RESULTS}/data/tokenized_data.jsonl"
 HIDDEN = f"{RESULTS}/hidden_states"
 SHARDS = expand(

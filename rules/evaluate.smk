@@ -1,9 +1,11 @@
-# Pre-flight check of the drafter, offline evaluation on the held-out split, and the summary.
+# Pre-flight check of the drafter, offline evaluation on the held-out split, the drafter in real
+# vLLM (checked against the offline evaluator), and the summary.
 
 
 rule check_drafter:
     input:
         drafter=DRAFTER,
+        trained_config=rules.train_drafter.output.trained_config,
         manifest=MANIFEST,
         d2t=rules.vocab_map.output.d2t,
         t2d=rules.vocab_map.output.t2d,
@@ -41,12 +43,44 @@ rule evaluate_offline:
         "../scripts/evaluate_offline.py"
 
 
+rule evaluate_vllm:
+    input:
+        tokenized=TOKENIZED,
+        target=TARGET,
+        drafter=DRAFTER,
+        trained_config=rules.train_drafter.output.trained_config,
+        manifest=MANIFEST,
+        d2t=rules.vocab_map.output.d2t,
+        t2d=rules.vocab_map.output.t2d,
+        check=rules.check_drafter.output.check,  # the pre-flight check passed
+    output:
+        metrics=f"{RESULTS}/eval/vllm_metrics.json",
+        outputs=f"{RESULTS}/eval/vllm_greedy_outputs.jsonl",
+    params:
+        heldout_fraction=config["train"]["heldout_fraction"],
+        num_speculative_tokens=config["eval"]["num_speculative_tokens"],
+        max_tokens=config["eval"]["max_tokens"],
+        max_prompts=config["eval"]["max_prompts"],
+        concurrency=config["eval"]["concurrency"],
+        agreement_tolerance=config["eval"]["agreement_tolerance"],
+        vllm=config["vllm"],
+        code=code("evaluate_vllm"),
+    log:
+        f"{RESULTS}/logs/evaluate_vllm.log",
+    threads: workflow.cores
+    conda:
+        ENV
+    script:
+        "../scripts/evaluate_vllm.py"
+
+
 rule summary:
     input:
         tokenize=rules.tokenize.output.report,
         coverage=rules.vocab_map.output.coverage,
         train_log=rules.train_drafter.output.train_log,
         offline=rules.evaluate_offline.output.metrics,
+        online=rules.evaluate_vllm.output.metrics,
         check=rules.check_drafter.output.check,
     output:
         summary=f"{RESULTS}/summary.md",

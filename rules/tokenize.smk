@@ -3,7 +3,7 @@
 
 rule tokenize:
     input:
-        raw=config["data"]["raw_responses"],
+        raw=RAW_RESPONSES,
         target=TARGET,
     output:
         data=TOKENIZED,

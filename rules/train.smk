@@ -12,12 +12,22 @@ rule train_drafter:
     output:
         drafter=directory(DRAFTER),
         train_log=f"{RESULTS}/train/train_log.tsv",
+        trained_config=f"{RESULTS}/train/drafter_config.json",
     params:
         settings=config["train"],
+        # Not an output: Snakemake deletes a failed job's outputs, and a checkpoint must outlive a kill.
+        resume_dir=f"{RESULTS}/train/resume",
         code=code("train_drafter"),
     log:
         f"{RESULTS}/logs/train_drafter.log",
     threads: workflow.cores
+    resources:
+        # DDP on GPUs: one each, so that a profile (--resources gpu=N) or a cluster can count them
+        **(
+            {"gpu": config["train"]["num_processes"]}
+            if config["train"]["num_processes"] > 1 and config["train"]["device"] != "cpu"
+            else {}
+        ),
     conda:
         ENV
     script:

@@ -6,6 +6,7 @@ run_stage(
     snakemake.threads,
     check_drafter,
     snakemake.input.drafter,
+    snakemake.input.trained_config,
     snakemake.input.manifest,
     snakemake.input.d2t,
     snakemake.input.t2d,

@@ -9,5 +9,6 @@ run_stage(
     snakemake.input.coverage,
     snakemake.input.train_log,
     snakemake.input.offline,
+    snakemake.input.online,
     snakemake.output.summary,
 )

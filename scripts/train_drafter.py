@@ -12,5 +12,7 @@ run_stage(
     snakemake.input.target,
     snakemake.output.drafter,
     snakemake.output.train_log,
+    trained_config_path=snakemake.output.trained_config,
+    resume_dir=snakemake.params.resume_dir,
     **snakemake.params.settings,
 )

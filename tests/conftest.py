@@ -35,11 +35,14 @@ def demo_target(tmp_path_factory):
 
 
 WORKFLOW_FILES = ["Snakefile", "config.yaml", "rules", "scripts", "schemas", "envs", "eaglenest", "resources"]
-FAST = {  # the demo, shrunk so that a whole run takes about a minute on 2 cores
+FAST = {  # the demo, shrunk so that a whole run takes a few minutes on 2 cores
     "demo_target": {"steps": 40, "batch_size": 8, "seq_len": 128},
+    "generate": {"max_tokens": 64},
     "hidden_states": {"num_shards": 3},
     "train": {"epochs": 2},
+    "eval": {"max_tokens": 64, "max_prompts": 48},
 }
+FAST_PROMPTS = 400  # of the demo's 2,000
 
 
 def merge(base, update):
@@ -76,6 +79,8 @@ def new_workdir(tmp_path):
             shutil.copytree(src, workdir / name, symlinks=True, ignore=shutil.ignore_patterns("__pycache__"))
         else:
             shutil.copy2(src, workdir / name)
+    prompts = workdir / "resources/demo/prompts.jsonl"
+    prompts.write_text("".join(prompts.read_text().splitlines(keepends=True)[:FAST_PROMPTS]))
     edit_config(workdir, FAST)
     return workdir
 

@@ -21,6 +21,7 @@ def paths(built, tmp_path, monkeypatch):
     shutil.copytree(results / "drafter", drafter)
     return {
         "drafter_dir": drafter,
+        "trained_config_path": results / "train/drafter_config.json",
         "manifest_path": results / "hidden_states/manifest.json",
         "d2t_path": results / "vocab/d2t.pt",
         "t2d_path": results / "vocab/t2d.pt",
@@ -56,6 +57,10 @@ def drop_norm_flag(config):
     del config["norm_before_residual"]
 
 
+def flip_norm_flag(config):
+    config["norm_before_residual"] = not config["norm_before_residual"]
+
+
 def other_verifier(config):
     config["speculators_config"]["verifier"]["name_or_path"] = "/models/another-target"
 
@@ -65,6 +70,7 @@ def other_verifier(config):
     [
         (shift_layer_ids, "differ from the hidden states' .* SGLang's ids are one lower"),
         (drop_norm_flag, "norm_before_residual is not written"),
+        (flip_norm_flag, "norm_before_residual is True in config.json, training used False"),
         (other_verifier, "the config names verifier '/models/another-target', not the target"),
     ],
 )

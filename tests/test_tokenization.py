@@ -4,7 +4,8 @@ import pytest
 
 from eaglenest.records import Record
 from eaglenest.stage import InputError
-from eaglenest.tokenization import Tokenizer, tokenize_file, tokenize_record
+from eaglenest.target_tokenizer import Tokenizer
+from eaglenest.tokenization import tokenize_file, tokenize_record
 from eaglenest.tokenized import read_tokenized
 
 from conftest import DEMO_RAW

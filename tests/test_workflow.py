@@ -8,12 +8,13 @@ import sys
 
 import pytest
 
-from conftest import REPO, edit_config, new_workdir, snakemake
+from conftest import FAST_PROMPTS, REPO, edit_config, new_workdir, snakemake
 
-ALL_RULES = {
+ALL_RULES = {  # tokenize and everything downstream of it
     "tokenize", "token_freq", "vocab_map", "hidden_states", "hidden_states_manifest",
-    "train_drafter", "export_eagle", "check_drafter", "evaluate_offline", "summary", "all",
+    "train_drafter", "export_eagle", "check_drafter", "evaluate_offline", "evaluate_vllm", "summary", "all",
 }
+UPSTREAM = {"build_demo_target", "generate_responses"}
 
 
 def planned(workdir, *args):
@@ -39,22 +40,23 @@ def workdir(built, tmp_path):
 
 
 def test_story1_one_run_builds_every_artifact_then_nothing_is_stale(built, tmp_path):
-    assert planned(new_workdir(tmp_path)).keys() == ALL_RULES | {"build_demo_target"}
+    assert planned(new_workdir(tmp_path)).keys() == ALL_RULES | UPSTREAM
     results = built / "results"
     for path in [
-        "target/config.json", "data/tokenized_data.jsonl", "data/tokenize_report.json", "data/token_freq.pt",
+        "target/config.json", "responses/raw_responses.jsonl", "data/tokenized_data.jsonl", "data/tokenize_report.json", "data/token_freq.pt",
         "vocab/d2t.pt", "vocab/t2d.pt", "vocab/coverage.json", "hidden_states/manifest.json",
         "hidden_states/shard_00000.safetensors", "hidden_states/shard_00002.safetensors",
-        "drafter/config.json", "drafter/model.safetensors", "train/train_log.tsv", "eval/offline_metrics.json",
-        "eval/drafter_check.json", "drafter_eagle/config.json", "drafter_eagle/model.safetensors",
+        "drafter/config.json", "drafter/model.safetensors", "train/train_log.tsv", "train/drafter_config.json",
+        "eval/offline_metrics.json", "eval/drafter_check.json", "eval/vllm_metrics.json",
+        "eval/vllm_greedy_outputs.jsonl", "drafter_eagle/config.json", "drafter_eagle/model.safetensors",
         "summary.md",
     ]:
         assert (results / path).is_file(), path
     manifest = json.loads((results / "hidden_states/manifest.json").read_text())
     report = json.loads((results / "data/tokenize_report.json").read_text())
-    assert sum(len(s["sample_ids"]) for s in manifest["shards"]) == report["samples_out"] == 300
+    assert sum(len(s["sample_ids"]) for s in manifest["shards"]) == report["samples_out"] == FAST_PROMPTS
     assert json.loads((results / "vocab/coverage.json").read_text())["coverage"] < 1.0
-    for rule in ALL_RULES | {"build_demo_target"}:
+    for rule in ALL_RULES | UPSTREAM:
         if rule not in ("all", "hidden_states"):
             assert (results / "logs" / f"{rule}.log").is_file(), rule
     assert planned(built) == {}
@@ -62,7 +64,7 @@ def test_story1_one_run_builds_every_artifact_then_nothing_is_stale(built, tmp_p
 
 def test_story2_a_fix_in_tokenization_code_rebuilds_tokenize_and_downstream_only(workdir):
     module = workdir / "eaglenest" / "records.py"  # imported by the tokenize stage only
-    module.write_text(module.read_text().replace('ROLES = ("system", "user", "assistant")', 'ROLES = ("system", "user", "assistant", "tool")'))
+    module.write_text(module.read_text().replace('FINISH_REASONS = ("stop", "length")', 'FINISH_REASONS = ("stop", "length", "abort")'))
     expected = ALL_RULES - {"all"}
     plan = planned(workdir)
     assert set(plan) - {"all"} == expected and plan["hidden_states"] == 3
@@ -70,7 +72,7 @@ def test_story2_a_fix_in_tokenization_code_rebuilds_tokenize_and_downstream_only
     snakemake(workdir)
     after = mtimes(workdir)
     changed = {path for path in before if after[path] != before[path]}
-    assert not any(path.startswith("results/target/") for path in changed)
+    assert not any(path.startswith(("results/target/", "results/responses/")) for path in changed)
     assert {"results/data/tokenized_data.jsonl", "results/vocab/d2t.pt", "results/hidden_states/manifest.json",
             "results/drafter/model.safetensors", "results/eval/offline_metrics.json"} <= changed
     assert planned(workdir) == {}
@@ -84,7 +86,8 @@ def test_comment_only_edit_rebuilds_nothing(workdir):
 
 def test_story3_draft_vocab_size_reruns_vocab_training_and_evaluation_only(workdir):
     edit_config(workdir, {"vocab": {"draft_vocab_size": 96}})
-    assert set(planned(workdir)) == {"vocab_map", "train_drafter", "export_eagle", "check_drafter", "evaluate_offline", "summary", "all"}
+    assert set(planned(workdir)) == {"vocab_map", "train_drafter", "export_eagle", "check_drafter", "evaluate_offline",
+                                     "evaluate_vllm", "summary", "all"}
     snakemake(workdir)
     coverage = json.loads((workdir / "results/vocab/coverage.json").read_text())
     assert coverage["draft_vocab_size"] == 96
@@ -101,6 +104,7 @@ def test_story4_force_one_rule_or_regenerate_one_artifact(workdir):
 
 
 def test_bad_input_fails_with_file_line_field_and_leaves_nothing(workdir):
+    edit_config(workdir, {"data": {"raw_responses": "resources/demo/raw_responses.jsonl"}})  # responses made elsewhere
     raw = workdir / "resources/demo/raw_responses.jsonl"
     lines = raw.read_text().splitlines()
     lines[4] = json.dumps(json.loads(lines[4]) | {"finish_reason": 3})

@@ -1,15 +1,16 @@
-"""Run eaglenest.vllm_run.greedy_generate in its own process (vLLM spawns workers) and print JSON.
+"""Run eaglenest.vllm_run.generate in its own process (vLLM spawns workers) and print its JSON.
 
-usage: vllm_generate.py TARGET PROMPTS_JSON MAX_TOKENS [DRAFTER]
+usage: vllm_generate.py TARGET PROMPTS_JSON MAX_TOKENS CONCURRENCY [DRAFTER]
 """
 
 import json
 import sys
 
-from eaglenest.vllm_run import greedy_generate
+from eaglenest.vllm_run import generate
 
 if __name__ == "__main__":
-    target, prompts, max_tokens = sys.argv[1], json.load(open(sys.argv[2])), int(sys.argv[3])
-    drafter = sys.argv[4] if len(sys.argv) > 4 else None
-    tokens, counters = greedy_generate(target, prompts, max_tokens=max_tokens, drafter_dir=drafter)
-    print("RESULT " + json.dumps({"tokens": tokens, "counters": counters}))
+    target, prompts, max_tokens, concurrency = sys.argv[1], json.load(open(sys.argv[2])), int(sys.argv[3]), int(sys.argv[4])
+    drafter = sys.argv[5] if len(sys.argv) > 5 else None
+    run = generate(target, prompts, max_tokens=max_tokens, drafter_dir=drafter, max_num_seqs=concurrency,
+                   max_model_len=512, enforce_eager=True)
+    print("RESULT " + json.dumps(run))

@@ -1,0 +1,25 @@
+from eaglenest.evaluate_vllm import evaluate_vllm
+from eaglenest.stage import run_stage
+
+if __name__ == "__main__":  # vLLM starts worker processes that import this file again
+    run_stage(
+        snakemake.log[0],
+        snakemake.threads,
+        evaluate_vllm,
+        snakemake.input.tokenized,
+        snakemake.input.target,
+        snakemake.input.drafter,
+        snakemake.input.trained_config,
+        snakemake.input.manifest,
+        snakemake.input.d2t,
+        snakemake.input.t2d,
+        snakemake.output.metrics,
+        snakemake.output.outputs,
+        heldout_fraction=snakemake.params.heldout_fraction,
+        num_speculative_tokens=snakemake.params.num_speculative_tokens,
+        max_tokens=snakemake.params.max_tokens,
+        max_prompts=snakemake.params.max_prompts,
+        concurrency=snakemake.params.concurrency,
+        agreement_tolerance=snakemake.params.agreement_tolerance,
+        vllm=snakemake.params.vllm,
+    )
