@@ -36,6 +36,7 @@ from eaglenest.drafter import Drafter, DrafterConfig, RMSNorm
 from eaglenest.export import read_checkpoint, write_drafter
 from eaglenest.fingerprint import code_fingerprint
 from eaglenest.shards import TENSOR_KEYS, ShardSamples
+from eaglenest.stage import InputError
 from eaglenest.target import target_architectures, target_config
 
 log = logging.getLogger(__name__)
@@ -156,6 +157,11 @@ def make_drafter_config(target_dir, manifest, d2t, t2d, init_config=None, geomet
     if init_config is not None:
         if (init_config.hidden_size, init_config.target_vocab_size) != (hidden_size, len(t2d)):
             raise ValueError("init_from drafter was made for a target of another size")
+        if init_config.aux_layer_ids is not None and list(init_config.aux_layer_ids) != list(manifest["aux_layer_ids"]):
+            raise InputError(
+                f"init_from drafter was trained on aux layers {init_config.aux_layer_ids}, the hidden states "
+                f"hold {manifest['aux_layer_ids']}: set hidden_states.aux_layer_ids to {init_config.aux_layer_ids}"
+            )
         shape.update({key: getattr(init_config, key) for key in shape if key != "rope_theta"})
     shape.update(geometry or {})
     return DrafterConfig(

@@ -17,11 +17,15 @@ def test_closure_follows_eaglenest_imports_only():
     closure = [str(p) for p in module_closure(REPO, "scripts/tokenize.py")]
     assert closure == [
         "eaglenest/atomic.py",
+        "eaglenest/conversations.py",
         "eaglenest/records.py",
         "eaglenest/stage.py",
+        "eaglenest/target_tokenizer.py",
         "eaglenest/tokenization.py",
         "scripts/tokenize.py",
     ]
+    # generation renders prompts like tokenize but never reads response records
+    assert "eaglenest/records.py" not in [str(p) for p in module_closure(REPO, "scripts/generate_responses.py")]
     assert "eaglenest/tokenization.py" not in [str(p) for p in module_closure(REPO, "scripts/build_demo_target.py")]
 
 

@@ -5,6 +5,7 @@ import csv
 import json
 import logging
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -18,9 +19,10 @@ from transformers import LlamaConfig, LlamaForCausalLM
 from eaglenest.atomic import save_torch
 from eaglenest.drafter import Drafter
 from eaglenest.evaluate import evaluate_offline
-from eaglenest.export import load_drafter, read_checkpoint, write_drafter
+from eaglenest.export import export_eagle, load_drafter, read_checkpoint, write_drafter
 from eaglenest.hidden_states import extract_shard, write_manifest
 from eaglenest.shards import read_shard, write_shard
+from eaglenest.stage import InputError
 from eaglenest.train import TargetHead, is_heldout, run_key, train_drafter
 from eaglenest.vocab import count_tokens, draft_maps, select_draft_vocab
 
@@ -212,10 +214,15 @@ def test_offline_eval_oracle_counts(data, tmp_path):
     assert metrics["served"]["mean_acceptance_length"] == 3.0
 
 
-def test_init_from_maps_lm_head_rows_by_target_id(data, trained):
+@pytest.mark.parametrize("form", ["speculators", "eagle"])
+def test_init_from_maps_lm_head_rows_by_target_id(data, trained, form):
     """A new draft vocab (half shared with the trained one): shared ids keep the trained rows,
-    new ids get the target's lm_head rows; every other weight is copied."""
+    new ids get the target's lm_head rows; every other weight is copied. Either format."""
     root, shards = data
+    init_from = trained
+    if form == "eagle":
+        init_from = root / "trained_eagle"
+        export_eagle(trained, init_from)
     old_ids = torch.arange(N) + torch.load(root / "d2t.pt")
     unused = torch.tensor([i for i in range(V) if i not in set(old_ids.tolist())])
     new_ids = torch.cat([old_ids[::2], unused[: N // 2]]).sort().values
@@ -225,7 +232,7 @@ def test_init_from_maps_lm_head_rows_by_target_id(data, trained):
     out = root / "init"
     train_drafter(shards, root / "manifest.json", root / "d2t_new.pt", root / "t2d_new.pt",
                   root / "target", out, root / "init.tsv", seed=1, ttt_steps=K, max_steps=0,
-                  init_from=trained)
+                  init_from=init_from)
 
     old, new = load_drafter(trained), load_drafter(out)
     target_lm_head = TargetHead(root / "target").lm_head  # float32 target: exported as float32
@@ -237,6 +244,19 @@ def test_init_from_maps_lm_head_rows_by_target_id(data, trained):
         if name not in ("lm_head.weight", "d2t", "t2d"):
             assert torch.equal(new.state_dict()[name], tensor), name
     assert torch.equal(new.d2t, d2t) and torch.equal(new.t2d, t2d)
+
+
+def test_init_from_trained_on_other_aux_layers_is_refused(data, trained, tmp_path):
+    root, shards = data
+    other = tmp_path / "other_layers"
+    shutil.copytree(trained, other)
+    config = json.loads((other / "config.json").read_text())
+    config["eagle_aux_hidden_state_layer_ids"] = [1, 3, 4]
+    (other / "config.json").write_text(json.dumps(config))
+    with pytest.raises(InputError, match=r"init_from drafter was trained on aux layers \[1, 3, 4\], the hidden "
+                                         r"states hold \[2, 4, 5\]: set hidden_states.aux_layer_ids"):
+        train_drafter(shards, root / "manifest.json", root / "d2t.pt", root / "t2d.pt", root / "target",
+                      tmp_path / "out", tmp_path / "out.tsv", seed=1, ttt_steps=K, max_steps=0, init_from=other)
 
 
 # 40 training samples in batches of 3: 14 steps an epoch, the last of one sample, so that one of

@@ -69,24 +69,20 @@ def flip_norm_flag(config):
     config["norm_before_residual"] = not config["norm_before_residual"]
 
 
-def shift_layer_ids(config):
-    config["eagle_aux_hidden_state_layer_ids"] = [k + 1 for k in config["eagle_aux_hidden_state_layer_ids"]]
-
-
-@pytest.mark.parametrize("change, cause", [
-    (flip_norm_flag, r"norm_before_residual read as True \(trained with False\)"),
-    (shift_layer_ids, r"aux layer ids read as \[3, 5, 6\] \(trained on \[2, 4, 5\]"),
-])
-def test_the_agreement_check_names_what_vllm_read_differently(built, evaluation, tmp_path, change, cause):
-    """The export is broken behind the pre-flight check's back; vLLM loads it without a word."""
+def test_the_agreement_check_names_what_vllm_read_differently(built, evaluation, tmp_path):
+    """The norm flag is flipped behind the pre-flight check's back (which refuses it, as it refuses
+    shifted aux layer ids and an absolute d2t: tests/test_check.py); vLLM loads it without a word.
+    (Shifted aux ids are not tried here: the test-sized target's output is so repetitive that
+    its drafter accepts about as well on neighbouring layers.)"""
     metrics, outputs = evaluation
     drafter = tmp_path / "drafter"
     shutil.copytree(built / "results/drafter", drafter)
     config = json.loads((drafter / "config.json").read_text())
-    change(config)
+    flip_norm_flag(config)
     (drafter / "config.json").write_text(json.dumps(config))
     broken = run_vllm(built, evaluation, tmp_path, drafter)
     results = built / "results"
+    cause = r"it matches the offline estimate when norm_before_residual read as True \(trained with False\)"
     with pytest.raises(InputError, match="vLLM does not run the drafter as trained: .*" + cause):
         verify_agreement(
             results / "target", drafter, results / "train/drafter_config.json", results / "hidden_states/manifest.json",

@@ -1,0 +1,60 @@
+"""generate_responses: the target's own answers, with the exact token ids, from prompts read strictly."""
+
+import json
+
+import pytest
+
+from eaglenest.conversations import read_prompts
+from eaglenest.generate import split_completion
+from eaglenest.stage import InputError
+from eaglenest.target_tokenizer import Tokenizer
+
+THINK_END, EOT = 6, 0
+
+
+@pytest.mark.parametrize("ids, thinking, reasoning, content", [
+    ([1, 2, THINK_END, 3, EOT], True, [1, 2], [3]),        # finished
+    ([1, 2, THINK_END, 3], True, [1, 2], [3]),             # cut while answering
+    ([1, 2], True, [1, 2], []),                            # cut while thinking
+    ([1, 2, EOT], True, [1, 2], []),                       # stopped without closing the think block
+    ([THINK_END, 3, EOT], True, [], [3]),                  # empty reasoning
+    ([3, THINK_END, 4, EOT], False, [], [3, THINK_END, 4]),  # no think block opened: all content
+])
+def test_split_completion(ids, thinking, reasoning, content):
+    assert split_completion(ids, thinking=thinking, think_end=THINK_END, end_of_turn=EOT) == (reasoning, content)
+
+
+@pytest.mark.parametrize("line, message", [
+    ('{"id": "a", "messages": []}', r"p\.jsonl:2: field 'messages': empty"),
+    ('{"id": "a", "messages": [{"role": "assistant", "content": "x"}]}', r"p\.jsonl:2: field 'messages\[0\]\.role': the prompt must end with a user message"),
+    ('{"messages": [{"role": "user", "content": "x"}]}', r"p\.jsonl:2: field 'id': missing"),
+    ('{"id": "p1", "messages": [{"role": "user", "content": "x"}]}', r"p\.jsonl:2: field 'id': duplicate id 'p1' \(first on line 1\)"),
+    ('{"id": "b", ', r"p\.jsonl:2: malformed JSON"),
+])
+def test_bad_prompts_name_file_line_and_field(tmp_path, line, message):
+    path = tmp_path / "p.jsonl"
+    path.write_text('{"id": "p1", "messages": [{"role": "user", "content": "What is 2 + 2?"}]}\n' + line + "\n")
+    with pytest.raises(InputError, match=message):
+        read_prompts(path)
+
+
+def test_the_built_run_learns_from_exactly_what_the_target_emitted(built):
+    results = built / "results"
+    records = [json.loads(line) for line in (results / "responses/raw_responses.jsonl").read_text().splitlines()]
+    samples = {s["id"]: s for s in map(json.loads, (results / "data/tokenized_data.jsonl").read_text().splitlines())}
+    tokenizer = Tokenizer(results / "target", think_start="<think>", think_end="</think>", end_of_turn="<|im_end|>",
+                          chat_template_kwargs={"thinking": True})
+    prompts = {p[0]: p[1] for p in read_prompts(built / "resources/demo/prompts.jsonl")}
+    assert [r["id"] for r in records] == list(prompts)
+    for record in records:
+        assert record["messages"] == prompts[record["id"]]
+        assert record["prompt_token_ids"] == tokenizer.prompt(record["messages"])
+        completion = record["completion_token_ids"]
+        assert (completion[-1] == tokenizer.end_of_turn) == (record["finish_reason"] == "stop")
+        sample = samples[record["id"]]
+        assert sample["input_ids"] == record["prompt_token_ids"] + completion
+        assert sample["loss_mask"] == [0] * len(record["prompt_token_ids"]) + [1] * len(completion)
+        text = tokenizer.hf.decode(completion)
+        if "</think>" in text:  # the text fields are the decoded halves
+            reasoning, _, content = text.partition("</think>")
+            assert (reasoning, content.removesuffix("<|im_end|>")) == (record["reasoning_content"], record["content"])
