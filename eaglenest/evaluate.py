@@ -54,19 +54,24 @@ def served_anchors(anchors, lengths):
     return drafted
 
 
-def acceptance(lengths, K):
-    """vLLM-style counters from the accepted length of each draft."""
-    num_drafts = len(lengths)
-    per_position = [sum(a > k for a in lengths) for k in range(K)]
+def acceptance_fields(num_drafts, num_draft_tokens, num_accepted_tokens, per_position):
+    """vLLM-style acceptance fields from the counts of drafts, drafted and accepted tokens, and
+    accepted tokens per position; one shape for offline estimates and vLLM's own counters."""
     rates = [n / max(num_drafts, 1) for n in per_position]
     return {
         "num_drafts": num_drafts,
-        "num_draft_tokens": num_drafts * K,
-        "num_accepted_tokens": sum(per_position),
+        "num_draft_tokens": num_draft_tokens,
+        "num_accepted_tokens": num_accepted_tokens,
         "num_accepted_tokens_per_position": per_position,
         "acceptance_rate_per_position": rates,
         "mean_acceptance_length": 1 + sum(rates),
     }
+
+
+def acceptance(lengths, K):
+    """vLLM-style counters from the accepted length of each draft."""
+    per_position = [sum(a > k for a in lengths) for k in range(K)]
+    return acceptance_fields(len(lengths), len(lengths) * K, sum(per_position), per_position)
 
 
 def evaluate_offline(

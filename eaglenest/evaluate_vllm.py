@@ -13,14 +13,15 @@ d2t in another form), and the run fails naming the reading that reproduces vLLM'
 import dataclasses
 import json
 import logging
+from pathlib import Path
 
 import torch
 
 from eaglenest.atomic import atomic_path, write_json
 from eaglenest.drafter import DrafterConfig
-from eaglenest.evaluate import acceptance, accepted_lengths, served_anchors
+from eaglenest.evaluate import acceptance, acceptance_fields, accepted_lengths, served_anchors
 from eaglenest.export import load_drafter
-from eaglenest.hidden_states import capture_states, load_target
+from eaglenest.hidden_states import capture_states, default_aux_layer_ids, load_target
 from eaglenest.stage import InputError
 from eaglenest.tokenized import read_tokenized
 from eaglenest.train import is_heldout, load_vocab, read_target_tensors
@@ -42,19 +43,19 @@ def heldout_prompts(tokenized_path, heldout_fraction, max_prompts):
     return ids, prompts
 
 
-def online_acceptance(counters, K):
+def online_acceptance(counters):
     """vLLM's spec-decode counters -> the fields of eaglenest.evaluate.acceptance."""
-    per_position = [int(n) for n in counters["num_accepted_tokens_per_position"]]
-    drafts = int(counters["num_drafts"])
-    rates = [n / max(drafts, 1) for n in per_position]
-    return {
-        "num_drafts": drafts,
-        "num_draft_tokens": int(counters["num_draft_tokens"]),
-        "num_accepted_tokens": int(counters["num_accepted_tokens"]),
-        "num_accepted_tokens_per_position": per_position,
-        "acceptance_rate_per_position": rates,
-        "mean_acceptance_length": 1 + sum(rates),
-    }
+    return acceptance_fields(
+        int(counters["num_drafts"]),
+        int(counters["num_draft_tokens"]),
+        int(counters["num_accepted_tokens"]),
+        [int(n) for n in counters["num_accepted_tokens_per_position"]],
+    )
+
+
+def largest_gap(a, b):
+    """The largest per-position difference between two acceptance results."""
+    return max(abs(x - y) for x, y in zip(a["acceptance_rate_per_position"], b["acceptance_rate_per_position"]))
 
 
 def trained_drafter(drafter_dir, trained_config, d2t, t2d, embed_tokens):
@@ -91,7 +92,7 @@ def misreadings(drafter, aux_layer_ids, num_layers):
         ids = [k + shift for k in aux_layer_ids]
         if all(0 <= k < num_layers for k in ids):
             out.append((f"aux layer ids read as {ids} (trained on {aux_layer_ids}: another convention)", drafter, ids))
-    default = [2, num_layers // 2, num_layers - 3]
+    default = default_aux_layer_ids(num_layers)
     if default != list(aux_layer_ids):
         out.append((f"aux layer ids read as vLLM's default {default} (trained on {aux_layer_ids})", drafter, default))
     absolute = load_drafter_copy(drafter)
@@ -110,8 +111,7 @@ def load_drafter_copy(drafter, **changes):
 def check_agreement(online, offline, tolerance, diagnose):
     """Raise InputError when vLLM's per-position acceptance is off the offline one by more than
     `tolerance`; `diagnose()` -> descriptions of the misreadings that reproduce vLLM's numbers."""
-    on, off = online["acceptance_rate_per_position"], offline["acceptance_rate_per_position"]
-    worst = max(abs(a - b) for a, b in zip(on, off))
+    worst = largest_gap(online, offline)
     if worst <= tolerance:
         return worst
     suspects = diagnose()
@@ -119,8 +119,8 @@ def check_agreement(online, offline, tolerance, diagnose):
         "no known misreading reproduces it (check the target, dtype and vLLM version)")
     raise InputError(
         "vLLM does not run the drafter as trained: acceptance per position in vLLM "
-        + " / ".join(f"{a:.2f}" for a in on) + ", offline on the same text "
-        + " / ".join(f"{b:.2f}" for b in off) + f" (tolerance {tolerance}); " + cause
+        + " / ".join(f"{a:.2f}" for a in online["acceptance_rate_per_position"]) + ", offline on the same text "
+        + " / ".join(f"{b:.2f}" for b in offline["acceptance_rate_per_position"]) + f" (tolerance {tolerance}); " + cause
     )
 
 
@@ -130,10 +130,10 @@ def verify_agreement(target_dir, drafter_dir, trained_config_path, manifest_path
     evaluator's on the same text -> (online, offline, largest gap per position); InputError
     naming the misreadings that reproduce vLLM's numbers when the gap exceeds the tolerance."""
     K = num_speculative_tokens
-    online = online_acceptance(counters, K)
-    manifest = json.loads(open(manifest_path).read())
+    online = online_acceptance(counters)
+    manifest = json.loads(Path(manifest_path).read_text())
     aux_layer_ids = list(manifest["aux_layer_ids"])
-    trained = DrafterConfig(**json.loads(open(trained_config_path).read()))
+    trained = DrafterConfig(**json.loads(Path(trained_config_path).read_text()))
     d2t, t2d = load_vocab(d2t_path, t2d_path)
     embed = read_target_tensors(target_dir, ["model.embed_tokens.weight"])["model.embed_tokens.weight"]
     drafter = trained_drafter(drafter_dir, trained, d2t, t2d, embed)
@@ -145,8 +145,7 @@ def verify_agreement(target_dir, drafter_dir, trained_config_path, manifest_path
         found = []
         for description, variant, layer_ids in misreadings(drafter, aux_layer_ids, manifest["num_layers"]):
             rates = offline_acceptance(model, variant, layer_ids, prompts, continuations, K)
-            gap = max(abs(a - b) for a, b in zip(rates["acceptance_rate_per_position"],
-                                                 online["acceptance_rate_per_position"]))
+            gap = largest_gap(rates, online)
             log.info("misreading %s: offline %s (largest gap to vLLM %.3f)", description,
                      rates["acceptance_rate_per_position"], gap)
             if gap <= agreement_tolerance:
