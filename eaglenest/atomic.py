@@ -1,6 +1,7 @@
 """Atomic file and directory writes: a killed job never leaves a half-written artifact."""
 
 import contextlib
+import glob
 import json
 import os
 import shutil
@@ -14,16 +15,29 @@ def _umask():
     return mask
 
 
+def _remove_leftovers(path):
+    """Remove temporaries of `path` left by a writer that was killed (SIGKILL skips `finally`).
+
+    Snakemake runs one job per output at a time, so no live writer owns them.
+    """
+    for leftover in path.parent.glob(f".{glob.escape(path.name)}.*.tmp"):
+        if leftover.is_dir():
+            shutil.rmtree(leftover)
+        else:
+            leftover.unlink()
+
+
 @contextlib.contextmanager
 def atomic_path(path):
     """Yield a temporary path beside `path`; rename it onto `path` only if the block succeeds."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
+    _remove_leftovers(path)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     os.close(fd)
-    os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes 0600; artifacts get the usual permissions
     try:
         yield Path(tmp)
+        os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes 0600; artifacts get the usual permissions
         os.replace(tmp, path)
     finally:
         if os.path.exists(tmp):
@@ -35,6 +49,7 @@ def atomic_dir(path):
     """Yield a temporary directory beside `path`; it replaces `path` only if the block succeeds."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
+    _remove_leftovers(path)
     tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent))
     tmp.chmod(0o777 & ~_umask())
     try:

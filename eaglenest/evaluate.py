@@ -19,6 +19,7 @@ import torch
 from eaglenest.atomic import write_json
 from eaglenest.drafter import shift_left
 from eaglenest.export import load_drafter
+from eaglenest.shard_files import check_shards
 from eaglenest.shards import ShardSamples
 from eaglenest.train import collate, is_heldout, read_target_tensors
 
@@ -98,6 +99,7 @@ def evaluate_offline(
     """
     device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     manifest = json.loads(Path(manifest_path).read_text())
+    check_shards(shard_paths, manifest)
     embed = read_target_tensors(target_dir, ["model.embed_tokens.weight"])
     drafter = load_drafter(drafter_dir, embed["model.embed_tokens.weight"]).to(device)
     aux_layer_ids = drafter.config.aux_layer_ids

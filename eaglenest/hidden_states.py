@@ -17,10 +17,10 @@ import torch
 from safetensors import safe_open
 
 from eaglenest.atomic import write_json
+from eaglenest.shard_files import check_shard, read_part, write_shard_sum
+from eaglenest.shards import write_shard
 from eaglenest.stage import InputError
-from eaglenest.shards import sha256_file, shard_of, write_shard
 from eaglenest.target import target_config
-from eaglenest.tokenized import read_tokenized
 
 log = logging.getLogger(__name__)
 
@@ -104,22 +104,30 @@ def extract_shard(target_dir, samples, shard_path, *, aux_layer_ids, dtype, devi
     return {"num_samples": len(rows), "num_tokens": tokens}
 
 
-def extract_shard_file(tokenized_path, target_dir, shard_path, *, shard, num_shards, aux_layer_ids, dtype, device):
-    """The hidden_states stage for one shard: the samples whose id hashes to `shard`."""
-    samples = [s for s in read_tokenized(tokenized_path) if shard_of(s["id"], num_shards) == shard]
-    log.info("shard %d/%d: %d samples", shard, num_shards, len(samples))
-    return extract_shard(target_dir, samples, shard_path, aux_layer_ids=aux_layer_ids, dtype=dtype, device=device)
+def extract_shard_part(part_path, target_dir, shard_path, sum_path, *, aux_layer_ids, dtype, device):
+    """The hidden_states stage for one shard: its part's samples, then the shard's checksum record."""
+    samples = read_part(part_path)
+    log.info("%s: %d samples", part_path, len(samples))
+    stats = extract_shard(target_dir, samples, shard_path, aux_layer_ids=aux_layer_ids, dtype=dtype, device=device)
+    write_shard_sum(shard_path, sum_path)
+    return stats
 
 
-def write_manifest(shard_paths, target_dir, manifest_path, *, aux_layer_ids, dtype):
-    """manifest.json: what the shards hold, in which convention, and each file's sha256."""
+def write_manifest(shard_paths, sum_paths, target_dir, manifest_path, *, aux_layer_ids, dtype):
+    """manifest.json: what the shards hold, in which convention, and each file's sha256.
+
+    Each shard is first held against the checksum written when it was extracted, so a shard
+    changed on disk since is removed (and re-extracted by the next run), never recorded as good.
+    """
     config = target_config(target_dir)
     shards = []
-    for path in shard_paths:
+    for path, sum_path in zip(shard_paths, sum_paths):
+        record = json.loads(Path(sum_path).read_text())
+        check_shard(path, record["sha256"])
         with safe_open(str(path), framework="pt") as f:
             sample_ids = json.loads(f.metadata()["sample_ids"])
             num_tokens = int(f.get_slice("input_ids").get_shape()[0])
-        shards.append({"file": Path(path).name, "sample_ids": sample_ids, "num_tokens": num_tokens, "sha256": sha256_file(path)})
+        shards.append({"file": Path(path).name, "sample_ids": sample_ids, "num_tokens": num_tokens, "sha256": record["sha256"]})
     manifest = {
         "aux_layer_ids": resolve_aux_layer_ids(aux_layer_ids, config["num_hidden_layers"]),
         "final_state": FINAL_STATE_CONVENTION,

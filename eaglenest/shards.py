@@ -9,7 +9,6 @@ One shard holds, for its samples concatenated along the token axis:
 and the sample ids as JSON in the safetensors metadata (key "sample_ids").
 """
 
-import hashlib
 import json
 
 import torch
@@ -19,11 +18,6 @@ from safetensors.torch import save_file
 from eaglenest.atomic import atomic_path
 
 TENSOR_KEYS = ("input_ids", "loss_mask", "aux_hidden_states", "final_hidden_states")
-
-
-def shard_of(sample_id, num_shards):
-    """Shard index of a sample: a hash of its id, so appending samples never moves old ones."""
-    return int(hashlib.sha256(sample_id.encode()).hexdigest()[:12], 16) % num_shards
 
 
 def write_shard(path, samples, *, hidden_size, dtype):
@@ -83,11 +77,3 @@ def read_shard(path):
     samples = ShardSamples([path])
     return [samples[i] for i in range(len(samples))]
 
-
-def sha256_file(path):
-    """Hex sha256 of a file, read in 1 MiB blocks."""
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()

@@ -35,6 +35,7 @@ from eaglenest.atomic import atomic_dir, atomic_path, save_torch, write_json
 from eaglenest.drafter import Drafter, DrafterConfig, RMSNorm
 from eaglenest.export import read_checkpoint, write_drafter
 from eaglenest.fingerprint import code_fingerprint
+from eaglenest.shard_files import check_shards
 from eaglenest.shards import TENSOR_KEYS, ShardSamples
 from eaglenest.stage import InputError
 from eaglenest.target import target_architectures, target_config
@@ -425,6 +426,8 @@ def train_drafter(
     """
     arguments = dict(locals())  # every argument: for the run key and for torchrun's workers
     distributed = dist.is_available() and dist.is_initialized()
+    if not distributed:  # workers come after this check
+        check_shards(shard_paths, json.loads(Path(manifest_path).read_text()))
     if num_processes > 1 and not distributed:
         launch_workers(arguments)
         return

@@ -2,6 +2,7 @@
 import sys
 
 from snakemake.exceptions import WorkflowError
+from snakemake.logging import logger
 
 # The workflow uses its own eaglenest/ (scripts reach it through the scripts/eaglenest link,
 # Snakemake puts the scripts folder on their path): never an installed copy of another checkout.
@@ -9,6 +10,7 @@ sys.path.insert(0, workflow.basedir)
 
 from eaglenest.configuration import validate_config
 from eaglenest.fingerprint import code_fingerprint
+from eaglenest.shard_files import resized_shards
 
 try:
     validate_config(config, workflow.source_path("../schemas/config.schema.yaml"))
@@ -23,11 +25,13 @@ RESULTS = config["results"]
 TARGET = f"{RESULTS}/target" if config["target"]["demo"] else config["target"]["path"]
 RAW_RESPONSES = config["data"]["raw_responses"] or f"{RESULTS}/responses/raw_responses.jsonl"
 TOKENIZED = f"{RESULTS}/data/tokenized_data.jsonl"
+SHARD_IDS = [f"{i:05d}" for i in range(config["hidden_states"]["num_shards"])]
+PART = f"{RESULTS}/data/shards/part_{{shard}}.jsonl"  # the tokenized samples of one shard ...
+PART_DIGEST = f"{RESULTS}/data/shards/part_{{shard}}.sha256"  # ... and their digest
 HIDDEN = f"{RESULTS}/hidden_states"
-SHARDS = expand(
-    f"{HIDDEN}/shard_{{shard}}.safetensors",
-    shard=[f"{i:05d}" for i in range(config["hidden_states"]["num_shards"])],
-)
+SHARD = f"{HIDDEN}/shard_{{shard}}.safetensors"
+SHARD_SUM = f"{HIDDEN}/shard_{{shard}}.sum.json"  # its sha256 and size as extracted
+SHARDS = expand(SHARD, shard=SHARD_IDS)
 MANIFEST = f"{HIDDEN}/manifest.json"
 DRAFTER = f"{RESULTS}/drafter"
 ENV = "../envs/eaglenest.yaml"
@@ -36,3 +40,15 @@ ENV = "../envs/eaglenest.yaml"
 def code(script):
     """Fingerprint of scripts/<script>.py and the eaglenest modules it imports (a params entry)."""
     return code_fingerprint(workflow.basedir, f"scripts/{script}.py")
+
+
+def force_resized_shards():
+    """Re-extract, in this very run, shards whose size no longer matches their extraction record
+    (truncated or overwritten on disk): they join the forced files, like --forcerun FILE would."""
+    resized = resized_shards(SHARDS, expand(SHARD_SUM, shard=SHARD_IDS))
+    if resized and workflow.dag_settings is not None:
+        logger.warning(f"shards changed on disk since extraction, re-extracting them: {', '.join(resized)}")
+        workflow.dag_settings.forcerun = set(workflow.dag_settings.forcerun) | set(resized)
+
+
+force_resized_shards()

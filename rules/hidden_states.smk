@@ -1,17 +1,35 @@
-# Target hidden states, one job per shard; samples go to shards by a hash of their id.
+# Target hidden states, one job per shard. Samples go to shards by a hash of their id; the
+# shard_samples checkpoint splits the tokenized data per shard so that a shard is re-extracted
+# only when its own samples change (see eaglenest/shard_files.py for how).
+
+
+checkpoint shard_samples:
+    input:
+        data=TOKENIZED,
+    output:
+        parts=expand(PART, shard=SHARD_IDS),
+        digests=expand(PART_DIGEST, shard=SHARD_IDS),
+    log:
+        f"{RESULTS}/logs/shard_samples.log",
+    params:
+        code=code("shard_samples"),
+    conda:
+        ENV
+    script:
+        "../scripts/shard_samples.py"
 
 
 rule hidden_states:
     input:
-        data=TOKENIZED,
+        part=ancient(PART),  # staleness comes from the digest, whose checksum Snakemake compares
+        digest=PART_DIGEST,
         target=TARGET,
     output:
-        shard=f"{HIDDEN}/shard_{{shard}}.safetensors",
+        shard=SHARD,
+        sum=SHARD_SUM,
     wildcard_constraints:
         shard=r"\d{5}",
     params:
-        shard=lambda wildcards: int(wildcards.shard),
-        num_shards=config["hidden_states"]["num_shards"],
         aux_layer_ids=config["hidden_states"]["aux_layer_ids"],
         dtype=config["hidden_states"]["dtype"],
         device=config["hidden_states"]["device"],
@@ -27,6 +45,7 @@ rule hidden_states:
 rule hidden_states_manifest:
     input:
         shards=SHARDS,
+        sums=expand(SHARD_SUM, shard=SHARD_IDS),
         target=TARGET,
     output:
         manifest=MANIFEST,

@@ -1,15 +1,14 @@
-from eaglenest.hidden_states import extract_shard_file
+from eaglenest.hidden_states import extract_shard_part
 from eaglenest.stage import run_stage
 
 run_stage(
     snakemake.log[0],
     snakemake.threads,
-    extract_shard_file,
-    snakemake.input.data,
+    extract_shard_part,
+    snakemake.input.part,
     snakemake.input.target,
     snakemake.output.shard,
-    shard=snakemake.params.shard,
-    num_shards=snakemake.params.num_shards,
+    snakemake.output.sum,
     aux_layer_ids=snakemake.params.aux_layer_ids,
     dtype=snakemake.params.dtype,
     device=snakemake.params.device,

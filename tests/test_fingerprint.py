@@ -31,7 +31,7 @@ def test_closure_follows_eaglenest_imports_only():
 
 def test_comments_whitespace_and_docstrings_do_not_count_but_code_does(tmp_path):
     root = copy_repo(tmp_path)
-    module = root / "eaglenest" / "shards.py"
+    module = root / "eaglenest" / "shard_files.py"
     before = code_fingerprint(root, "scripts/hidden_states.py")
     source = module.read_text()
     module.write_text(source.replace('"""Shard index', '"""Shard  index (typo fixed)').replace("\n\n\ndef ", "\n\n\n# note\n\ndef ") + "\n\n")

@@ -21,6 +21,7 @@ from eaglenest.drafter import Drafter
 from eaglenest.evaluate import evaluate_offline
 from eaglenest.export import export_eagle, load_drafter, read_checkpoint, write_drafter
 from eaglenest.hidden_states import extract_shard, write_manifest
+from eaglenest.shard_files import write_shard_sum
 from eaglenest.shards import read_shard, write_shard
 from eaglenest.stage import InputError
 from eaglenest.train import TargetHead, is_heldout, run_key, train_drafter
@@ -53,9 +54,11 @@ def data(tmp_path_factory):
         for i, row in enumerate(ids)
     ]
     shards = [root / "shard_0.safetensors", root / "shard_1.safetensors"]
-    for shard, part in zip(shards, (samples[:24], samples[24:])):
+    sums = [root / "shard_0.sum.json", root / "shard_1.sum.json"]
+    for shard, sum_path, part in zip(shards, sums, (samples[:24], samples[24:])):
         extract_shard(root / "target", part, shard, aux_layer_ids=None, dtype="float32", device="cpu")
-    write_manifest(shards, root / "target", root / "manifest.json", aux_layer_ids=None, dtype="float32")
+        write_shard_sum(shard, sum_path)
+    write_manifest(shards, sums, root / "target", root / "manifest.json", aux_layer_ids=None, dtype="float32")
     d2t, t2d = draft_maps(select_draft_vocab(count_tokens(samples, V), N), V)
     save_torch(root / "d2t.pt", d2t)
     save_torch(root / "t2d.pt", t2d)

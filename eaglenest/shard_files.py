@@ -1,0 +1,97 @@
+"""Shard bookkeeping that needs no torch (the Snakefile imports it): which sample goes to which
+shard, the per-shard slices of tokenized data, and the checksums that catch a corrupt shard.
+
+Why per-shard slices: Snakemake reruns a job when an input is newer than its output. If every
+shard read tokenized_data.jsonl, appending one sample would re-extract every shard. Instead the
+`shard_samples` checkpoint writes part_NNNNN.jsonl (the shard's samples, lines verbatim) and
+part_NNNNN.sha256 (its digest, a few bytes). A shard job depends on the part through `ancient()`
+and on the digest normally: the digest is rewritten with a new mtime but, being tiny, its
+checksum is compared (Snakemake does that for inputs under --max-checksum-file-size), so only
+shards whose samples really changed are re-extracted. The checkpoint makes Snakemake re-decide
+after the split has run, within the same invocation.
+"""
+
+import hashlib
+import json
+import os
+from pathlib import Path
+
+from eaglenest.atomic import atomic_path, write_json
+from eaglenest.stage import InputError
+
+
+def shard_of(sample_id, num_shards):
+    """Shard index of a sample: a hash of its id, so appending samples never moves old ones."""
+    return int(hashlib.sha256(sample_id.encode()).hexdigest()[:12], 16) % num_shards
+
+
+def sha256_file(path):
+    """Hex sha256 of a file, read in 1 MiB blocks."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def split_tokenized(tokenized_path, part_paths, digest_paths):
+    """Write the samples of shard i (by shard_of) to part_paths[i], lines verbatim in file order,
+    and each part's sha256 to digest_paths[i]."""
+    num_shards = len(part_paths)
+    parts = [[] for _ in range(num_shards)]
+    with open(tokenized_path, "rb") as f:
+        for line in f:
+            parts[shard_of(json.loads(line)["id"], num_shards)].append(line)
+    for lines, part_path, digest_path in zip(parts, part_paths, digest_paths):
+        with atomic_path(part_path) as tmp:
+            tmp.write_bytes(b"".join(lines))
+        with atomic_path(digest_path) as tmp:
+            tmp.write_text(sha256_file(part_path) + "\n")
+    return {"num_shards": num_shards, "samples_per_shard": [len(lines) for lines in parts]}
+
+
+def read_part(path):
+    """The tokenized samples of one part, in order."""
+    with open(path, encoding="utf-8") as f:
+        return [json.loads(line) for line in f]
+
+
+def write_shard_sum(shard_path, sum_path):
+    """Record the shard's sha256 and size as written, for later integrity checks."""
+    write_json(sum_path, {"file": Path(shard_path).name, "bytes": os.path.getsize(shard_path), "sha256": sha256_file(shard_path)})
+
+
+def resized_shards(shard_paths, sum_paths):
+    """Shards on disk whose size differs from the size recorded when they were extracted.
+
+    A stat per shard, so cheap enough for every Snakemake start: it catches truncated copies and
+    interrupted writes by other tools. Same-size corruption is caught by check_shard (sha256).
+    """
+    resized = []
+    for shard_path, sum_path in zip(shard_paths, sum_paths):
+        if os.path.exists(shard_path) and os.path.exists(sum_path):
+            if os.path.getsize(shard_path) != json.loads(Path(sum_path).read_text())["bytes"]:
+                resized.append(str(shard_path))
+    return resized
+
+
+def check_shard(shard_path, sha256):
+    """Raise InputError, after removing the shard, if its bytes are not those extracted.
+
+    Removing it is what makes the next run re-extract exactly that shard; a corrupt shard is
+    never read by training.
+    """
+    actual = sha256_file(shard_path)
+    if actual != sha256:
+        os.unlink(shard_path)
+        raise InputError(
+            f"{shard_path}: sha256 {actual[:12]}... differs from the {sha256[:12]}... recorded when it was "
+            "extracted (corrupt on disk); removed it: run snakemake again to re-extract that shard only"
+        )
+
+
+def check_shards(shard_paths, manifest):
+    """check_shard for every shard against the sha256 the manifest recorded: before any reader."""
+    recorded = {shard["file"]: shard["sha256"] for shard in manifest["shards"]}
+    for path in shard_paths:
+        check_shard(path, recorded[Path(path).name])
