@@ -19,8 +19,23 @@ include: "rules/train.smk"
 include: "rules/evaluate.smk"
 
 
+# Every artifact, not just the final ones: Snakemake rebuilds a missing intermediate only when
+# something downstream of it is stale, so a shard removed as corrupt, or the outputs a failed job
+# lost, would otherwise stay missing behind an up-to-date summary.
 rule all:
     input:
-        rules.summary.output,
+        RAW_RESPONSES,
+        rules.tokenize.output,
+        rules.shard_samples.output,
+        rules.token_freq.output,
+        rules.vocab_map.output,
+        SHARDS,
+        expand(SHARD_SUM, shard=SHARD_IDS),
+        rules.hidden_states_manifest.output,
+        rules.train_drafter.output,
         rules.export_eagle.output,
+        rules.check_drafter.output,
+        rules.evaluate_offline.output,
+        rules.evaluate_vllm.output,
+        rules.summary.output,
     default_target: True

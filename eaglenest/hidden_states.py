@@ -80,6 +80,11 @@ def capture_states(model, input_ids, aux_layer_ids):
 def extract_shard(target_dir, samples, shard_path, *, aux_layer_ids, dtype, device):
     """Extract hidden states of `samples` ({"id", "input_ids", "loss_mask"}) into one shard file."""
     model = load_target(target_dir, dtype, device)
+    return extract_with(model, samples, shard_path, aux_layer_ids=aux_layer_ids, dtype=dtype)
+
+
+def extract_with(model, samples, shard_path, *, aux_layer_ids, dtype):
+    """extract_shard with the target already loaded (for many shards in one process)."""
     aux_layer_ids = resolve_aux_layer_ids(aux_layer_ids, model.config.num_hidden_layers)
     rows = []
     start, tokens = time.monotonic(), 0
@@ -104,11 +109,20 @@ def extract_shard(target_dir, samples, shard_path, *, aux_layer_ids, dtype, devi
     return {"num_samples": len(rows), "num_tokens": tokens}
 
 
-def extract_shard_part(part_path, target_dir, shard_path, sum_path, *, aux_layer_ids, dtype, device):
-    """The hidden_states stage for one shard: its part's samples, then the shard's checksum record."""
+def extract_shard_part(part_path, target_dir, shard_path, sum_path, *, backend, aux_layer_ids, dtype, device, vllm):
+    """The hidden_states stage for one shard: its part's samples, then the shard's checksum record.
+
+    backend "hf": transformers on `device`; "vllm": the target in vLLM with the `vllm` settings
+    (tensor parallelism for targets one GPU cannot hold), see eaglenest/hidden_states_vllm.py.
+    """
     samples = read_part(part_path)
-    log.info("%s: %d samples", part_path, len(samples))
-    stats = extract_shard(target_dir, samples, shard_path, aux_layer_ids=aux_layer_ids, dtype=dtype, device=device)
+    log.info("%s: %d samples, %s backend", part_path, len(samples), backend)
+    if backend == "vllm":
+        from eaglenest.hidden_states_vllm import extract_shard_vllm
+
+        stats = extract_shard_vllm(target_dir, samples, shard_path, aux_layer_ids=aux_layer_ids, dtype=dtype, vllm=vllm)
+    else:
+        stats = extract_shard(target_dir, samples, shard_path, aux_layer_ids=aux_layer_ids, dtype=dtype, device=device)
     write_shard_sum(shard_path, sum_path)
     return stats
 

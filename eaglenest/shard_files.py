@@ -61,20 +61,6 @@ def write_shard_sum(shard_path, sum_path):
     write_json(sum_path, {"file": Path(shard_path).name, "bytes": os.path.getsize(shard_path), "sha256": sha256_file(shard_path)})
 
 
-def resized_shards(shard_paths, sum_paths):
-    """Shards on disk whose size differs from the size recorded when they were extracted.
-
-    A stat per shard, so cheap enough for every Snakemake start: it catches truncated copies and
-    interrupted writes by other tools. Same-size corruption is caught by check_shard (sha256).
-    """
-    resized = []
-    for shard_path, sum_path in zip(shard_paths, sum_paths):
-        if os.path.exists(shard_path) and os.path.exists(sum_path):
-            if os.path.getsize(shard_path) != json.loads(Path(sum_path).read_text())["bytes"]:
-                resized.append(str(shard_path))
-    return resized
-
-
 def check_shard(shard_path, sha256):
     """Raise InputError, after removing the shard, if its bytes are not those extracted.
 

@@ -1,15 +1,19 @@
-"""Running one pipeline stage: logging to the rule's log file, clean one-line errors for bad input."""
+"""Running one pipeline stage: logging to the rule's log file, a lease on its GPUs, clean
+one-line errors for bad input."""
 
 import logging
 import sys
+
+from eaglenest.gpu_lease import gpu_lease
 
 
 class InputError(ValueError):
     """Bad input or configuration: the message says where (file, line, field) and what."""
 
 
-def run_stage(log_path, threads, fn, *args, **kwargs):
-    """Call fn(*args, **kwargs) with logging to `log_path` and stderr, on `threads` torch threads.
+def run_stage(log_path, threads, fn, *args, gpus=0, **kwargs):
+    """Call fn(*args, **kwargs) with logging to `log_path` and stderr, on `threads` torch threads,
+    holding a lease on `gpus` devices (the rule's `gpu` resource; see eaglenest/gpu_lease.py).
 
     An InputError ends the process with its one-line message (and no traceback); outputs are
     written atomically by the stages, so nothing partial is left behind.
@@ -24,7 +28,8 @@ def run_stage(log_path, threads, fn, *args, **kwargs):
 
     torch.set_num_threads(max(1, threads))
     try:
-        return fn(*args, **kwargs)
+        with gpu_lease(gpus):  # sets CUDA_VISIBLE_DEVICES: CUDA starts inside fn, not before
+            return fn(*args, **kwargs)
     except InputError as e:
         logging.getLogger(fn.__module__).error("%s", e)
         sys.exit(f"error: {e}")

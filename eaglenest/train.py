@@ -19,8 +19,10 @@ import json
 import logging
 import math
 import os
+import shlex
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -46,6 +48,7 @@ PACKAGE_ROOT = Path(__file__).resolve().parents[1]  # the folder holding this ea
 CHECKPOINT = "checkpoint.pt"  # in resume_dir
 PRCTL = ctypes.CDLL(None).prctl if sys.platform == "linux" else None  # resolved before any fork
 PR_SET_PDEATHSIG = 1
+RDZV_PORT = 29500  # multi-node: torchrun's rendezvous on the node that launches the others
 
 
 def is_heldout(sample_id, fraction):
@@ -255,7 +258,7 @@ def lr_factor(step, warmup, total_steps):
 # Arguments that leave what training computes unchanged: a checkpoint stays valid across them.
 NOT_IN_RUN_KEY = (
     "out_dir", "log_path", "trained_config_path", "resume_dir", "checkpoint_every", "num_processes", "num_workers",
-    "device", "verifier_name_or_path", "export_dtype",
+    "device", "verifier_name_or_path", "export_dtype", "nnodes", "launcher",
 )
 
 
@@ -326,11 +329,42 @@ def die_with_parent():
         PRCTL(PR_SET_PDEATHSIG, signal.SIGKILL)
 
 
+def torchrun_command(arguments_path, num_processes, nnodes=1, launcher="", rdzv_endpoint=None, rdzv_id=None):
+    """The command that starts num_processes training processes: one torchrun on this node
+    (--standalone), or with nnodes > 1 one torchrun on each node with num_processes / nnodes
+    processes, all started by `launcher` (e.g. "srun", which in a SLURM job of `nodes` nodes and
+    as many tasks starts one on each node), meeting at `rdzv_endpoint` (host:port of this node,
+    where torchrun's c10d store runs)."""
+    if num_processes % nnodes:
+        raise InputError(f"train.num_processes {num_processes} is not a multiple of the {nnodes} nodes")
+    if nnodes > 1 and not launcher:
+        raise InputError(f"{nnodes} nodes need a launcher that starts torchrun on each (resource mpi, e.g. srun)")
+    torchrun = [sys.executable, "-m", "torch.distributed.run"]
+    if nnodes == 1:
+        torchrun.append("--standalone")
+    else:
+        torchrun += [
+            f"--nnodes={nnodes}", "--rdzv-backend=c10d", f"--rdzv-endpoint={rdzv_endpoint}", f"--rdzv-id={rdzv_id}",
+        ]
+    return [
+        *shlex.split(launcher), *torchrun, f"--nproc-per-node={num_processes // nnodes}", "-m", "eaglenest.train",
+        str(arguments_path),
+    ]
+
+
 def launch_workers(arguments):
-    """Run train_drafter in num_processes processes on this node with torchrun, each running
-    the entry a multi-node torchrun (e.g. under SLURM) runs: `python -m eaglenest.train ARGS`.
+    """Run train_drafter in num_processes processes with torchrun, on this node or spread evenly
+    over `nnodes` nodes (see torchrun_command), each running `python -m eaglenest.train ARGS`.
     The workers' output goes to this process's log."""
-    n = arguments["num_processes"]
+    # beside the log: on the file system the job writes to (a multi-node one shares it), and
+    # replaced, not piled up, by a rerun after a kill
+    log_path = Path(arguments["log_path"])
+    path = log_path.with_name(f".{log_path.name}.torchrun.json")
+    command = torchrun_command(
+        path, arguments["num_processes"], arguments["nnodes"], arguments["launcher"],
+        f"{socket.gethostname()}:{RDZV_PORT}", os.environ.get("SLURM_JOB_ID", os.getpid()),
+    )
+    n = arguments["num_processes"] // arguments["nnodes"]  # processes on this node
     env = dict(
         os.environ,
         OMP_NUM_THREADS=str(max(1, torch.get_num_threads() // n)),  # share this job's threads
@@ -339,17 +373,9 @@ def launch_workers(arguments):
         PYTHONPATH=os.pathsep.join(filter(None, [str(PACKAGE_ROOT), os.environ.get("PYTHONPATH")])),
         PYTHONSAFEPATH="1",
     )
-    # beside the log: on the file system the job writes to (a multi-node one shares it), and
-    # replaced, not piled up, by a rerun after a kill
-    log_path = Path(arguments["log_path"])
-    path = log_path.with_name(f".{log_path.name}.torchrun.json")
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(arguments, default=str))
-    command = [
-        sys.executable, "-m", "torch.distributed.run", "--standalone",
-        f"--nproc-per-node={n}", "-m", "eaglenest.train", str(path),
-    ]
-    log.info("launching %d processes: %s", n, " ".join(command))
+    log.info("launching %d processes on each of %d nodes: %s", n, arguments["nnodes"], shlex.join(command))
     try:
         with subprocess.Popen(
             command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
@@ -402,6 +428,8 @@ def train_drafter(
     resume_dir=None,
     checkpoint_every=50,
     num_processes=1,
+    nnodes=1,
+    launcher="",
 ):
     """Train a drafter; write it to out_dir (speculators format) and a TSV log, atomically.
 
@@ -422,7 +450,8 @@ def train_drafter(
     `resume_dir`: a directory of training's own (deleted on success). Every checkpoint_every
     steps the loop state goes there; a rerun of the same run (see run_key) resumes from it and
     ends as an uninterrupted run would. `num_processes` > 1: DDP over that many processes
-    launched by torchrun (cuda: one GPU each; else gloo on CPU), each batch split across them.
+    launched by torchrun (cuda: one GPU each; else gloo on CPU), each batch split across them;
+    `nnodes` > 1: spread over that many nodes, one torchrun on each started by `launcher`.
     """
     arguments = dict(locals())  # every argument: for the run key and for torchrun's workers
     distributed = dist.is_available() and dist.is_initialized()

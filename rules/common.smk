@@ -2,7 +2,6 @@
 import sys
 
 from snakemake.exceptions import WorkflowError
-from snakemake.logging import logger
 
 # The workflow uses its own eaglenest/ (scripts reach it through the scripts/eaglenest link,
 # Snakemake puts the scripts folder on their path): never an installed copy of another checkout.
@@ -10,7 +9,6 @@ sys.path.insert(0, workflow.basedir)
 
 from eaglenest.configuration import validate_config
 from eaglenest.fingerprint import code_fingerprint
-from eaglenest.shard_files import resized_shards
 
 try:
     validate_config(config, workflow.source_path("../schemas/config.schema.yaml"))
@@ -41,14 +39,3 @@ def code(script):
     """Fingerprint of scripts/<script>.py and the eaglenest modules it imports (a params entry)."""
     return code_fingerprint(workflow.basedir, f"scripts/{script}.py")
 
-
-def force_resized_shards():
-    """Re-extract, in this very run, shards whose size no longer matches their extraction record
-    (truncated or overwritten on disk): they join the forced files, like --forcerun FILE would."""
-    resized = resized_shards(SHARDS, expand(SHARD_SUM, shard=SHARD_IDS))
-    if resized and workflow.dag_settings is not None:
-        logger.warning(f"shards changed on disk since extraction, re-extracting them: {', '.join(resized)}")
-        workflow.dag_settings.forcerun = set(workflow.dag_settings.forcerun) | set(resized)
-
-
-force_resized_shards()

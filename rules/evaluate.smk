@@ -36,7 +36,7 @@ rule evaluate_offline:
         code=code("evaluate_offline"),
     log:
         f"{RESULTS}/logs/evaluate_offline.log",
-    threads: workflow.cores
+    threads: lambda wildcards: workflow.cores
     conda:
         ENV
     script:
@@ -67,7 +67,9 @@ rule evaluate_vllm:
         code=code("evaluate_vllm"),
     log:
         f"{RESULTS}/logs/evaluate_vllm.log",
-    threads: workflow.cores
+    threads: lambda wildcards: workflow.cores
+    resources:
+        gpu=config["vllm"]["tensor_parallel_size"],  # the target's tensor-parallel ranks; the drafter rides on them
     conda:
         ENV
     script:

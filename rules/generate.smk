@@ -19,7 +19,9 @@ if not config["data"]["raw_responses"]:
             code=code("generate_responses"),
         log:
             f"{RESULTS}/logs/generate_responses.log",
-        threads: workflow.cores
+        threads: lambda wildcards: workflow.cores
+        resources:
+            gpu=config["vllm"]["tensor_parallel_size"],  # vLLM's tensor-parallel ranks, a GPU each
         conda:
             ENV
         script:

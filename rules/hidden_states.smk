@@ -30,12 +30,22 @@ rule hidden_states:
     wildcard_constraints:
         shard=r"\d{5}",
     params:
+        backend=config["hidden_states"]["backend"],
         aux_layer_ids=config["hidden_states"]["aux_layer_ids"],
         dtype=config["hidden_states"]["dtype"],
         device=config["hidden_states"]["device"],
+        # only the vLLM backend reads these: with HF, changing them must not re-extract anything
+        vllm=config["vllm"] if config["hidden_states"]["backend"] == "vllm" else None,
         code=code("hidden_states"),
     log:
         f"{RESULTS}/logs/hidden_states/shard_{{shard}}.log",
+    resources:
+        # vLLM backend: the target's tensor-parallel ranks; HF backend: one GPU on cuda; none on CPU
+        gpu=0
+        if config["hidden_states"]["device"] == "cpu"
+        else config["vllm"]["tensor_parallel_size"]
+        if config["hidden_states"]["backend"] == "vllm"
+        else 1,
     conda:
         ENV
     script:

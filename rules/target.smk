@@ -12,7 +12,7 @@ if config["target"]["demo"]:
             code=code("build_demo_target"),
         log:
             f"{RESULTS}/logs/build_demo_target.log",
-        threads: workflow.cores
+        threads: lambda wildcards: workflow.cores  # all cores; a callable, so that --unlock needs no --cores
         conda:
             ENV
         script:

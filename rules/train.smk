@@ -20,14 +20,12 @@ rule train_drafter:
         code=code("train_drafter"),
     log:
         f"{RESULTS}/logs/train_drafter.log",
-    threads: workflow.cores
+    threads: lambda wildcards: workflow.cores
     resources:
-        # DDP on GPUs: one each, so that a profile (--resources gpu=N) or a cluster can count them
-        **(
-            {"gpu": config["train"]["num_processes"]}
-            if config["train"]["num_processes"] > 1 and config["train"]["device"] != "cpu"
-            else {}
-        ),
+        # a GPU per DDP process unless training on CPU: what the machine's `--resources gpu=N`,
+        # the lease (eaglenest/gpu_lease.py) and a cluster count. Multi-node (SLURM): `nodes` and
+        # `mpi` (the launcher that starts torchrun on each node) come from the profile.
+        gpu=0 if config["train"]["device"] == "cpu" else config["train"]["num_processes"],
     conda:
         ENV
     script:

@@ -22,4 +22,5 @@ if __name__ == "__main__":  # vLLM starts worker processes that import this file
         concurrency=snakemake.params.concurrency,
         agreement_tolerance=snakemake.params.agreement_tolerance,
         vllm=snakemake.params.vllm,
+        gpus=snakemake.resources.gpu,
     )

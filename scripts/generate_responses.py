@@ -15,4 +15,5 @@ if __name__ == "__main__":  # vLLM starts worker processes that import this file
         think_end=snakemake.params.think_end,
         end_of_turn=snakemake.params.end_of_turn,
         vllm=snakemake.params.vllm,
+        gpus=snakemake.resources.gpu,
     )

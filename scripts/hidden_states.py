@@ -1,15 +1,19 @@
 from eaglenest.hidden_states import extract_shard_part
 from eaglenest.stage import run_stage
 
-run_stage(
-    snakemake.log[0],
-    snakemake.threads,
-    extract_shard_part,
-    snakemake.input.part,
-    snakemake.input.target,
-    snakemake.output.shard,
-    snakemake.output.sum,
-    aux_layer_ids=snakemake.params.aux_layer_ids,
-    dtype=snakemake.params.dtype,
-    device=snakemake.params.device,
-)
+if __name__ == "__main__":  # the vLLM backend starts processes that may import this file again
+    run_stage(
+        snakemake.log[0],
+        snakemake.threads,
+        extract_shard_part,
+        snakemake.input.part,
+        snakemake.input.target,
+        snakemake.output.shard,
+        snakemake.output.sum,
+        backend=snakemake.params.backend,
+        aux_layer_ids=snakemake.params.aux_layer_ids,
+        dtype=snakemake.params.dtype,
+        device=snakemake.params.device,
+        vllm=snakemake.params.vllm,
+        gpus=snakemake.resources.gpu,
+    )

@@ -1,5 +1,6 @@
 """Shared fixtures: a real demo target, and real Snakemake runs of a copy of this workflow."""
 
+import re
 import shutil
 import subprocess
 import sys
@@ -93,3 +94,23 @@ def built(tmp_path_factory):
     return workdir
 
 
+def planned(workdir, *args):
+    """{rule: job count} that `snakemake -n` would run."""
+    out = snakemake(workdir, "-n", *args).stdout
+    if "Nothing to be done" in out:
+        return {}
+    table = out.split("Job stats:")[1].split("total")[0]
+    return {m[1]: int(m[2]) for m in re.finditer(r"^(\w+)\s+(\d+)$", table, re.M)}
+
+
+def mtimes(workdir):
+    """Modification times of every result file (logs aside)."""
+    return {str(p.relative_to(workdir)): p.stat().st_mtime_ns for p in (workdir / "results").rglob("*") if p.is_file() and "logs" not in p.parts}
+
+
+@pytest.fixture
+def workdir(built, tmp_path):
+    """A private copy of the built workflow (results and Snakemake's metadata included)."""
+    copy = tmp_path / "wf"
+    shutil.copytree(built, copy, symlinks=True)
+    return copy

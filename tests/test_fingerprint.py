@@ -18,6 +18,7 @@ def test_closure_follows_eaglenest_imports_only():
     assert closure == [
         "eaglenest/atomic.py",
         "eaglenest/conversations.py",
+        "eaglenest/gpu_lease.py",
         "eaglenest/records.py",
         "eaglenest/stage.py",
         "eaglenest/target_tokenizer.py",

@@ -1,0 +1,127 @@
+"""Benchmark: how long Snakemake takes to decide that nothing (or something) is stale, at scale.
+
+Two copies of the workflow on the same 10,000 samples, measured side by side: one with 1,000
+shards, one with the demo's 4. Each is built completely first; then, for each:
+  dry run    `snakemake -n` with everything up to date
+  no-op run  `snakemake --cores 2` with everything up to date
+  append     dry run after one sample is appended, after `snakemake shard_samples` (exact plan)
+The 1,000 shard files are extracted in one process (a Snakemake job per shard costs an
+interpreter start and a torch import: ~50 min on 2 cores) and then registered with
+`snakemake --touch`, which records Snakemake's metadata exactly as a run does; every other stage
+runs as usual. Targets (issue 4): dry run < 5 s, no-op < 10 s on 2 cores.
+
+    .venv/bin/python bench/incremental.py            # ~15 min on 2 cores; prints a Markdown table
+"""
+
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "tests"))
+sys.path.insert(0, str(REPO))
+
+from conftest import edit_config, new_workdir  # noqa: E402  (the tests' workflow copy, reused)
+from eaglenest.hidden_states import extract_with, load_target  # noqa: E402
+from eaglenest.shard_files import read_part, write_shard_sum  # noqa: E402
+
+SAMPLES = 10_000
+REPEATS = 3
+BENCH_CONFIG = {  # small everywhere except the sample and shard counts under test
+    "data": {"raw_responses": "resources/bench_responses.jsonl"},
+    "train": {"epochs": 1},
+    "eval": {"max_tokens": 32, "max_prompts": 16},
+}
+
+
+def snakemake(workdir, *args):
+    result = subprocess.run([sys.executable, "-m", "snakemake", "--cores", "2", *args], cwd=workdir, capture_output=True, text=True)
+    if result.returncode != 0:
+        raise SystemExit(f"snakemake {args} failed in {workdir}:\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}")
+    return result
+
+
+def timed(workdir, *args):
+    """Median wall time of REPEATS runs of snakemake with `args`, and the last run's output."""
+    times = []
+    for _ in range(REPEATS):
+        start = time.monotonic()
+        result = snakemake(workdir, *args)
+        times.append(time.monotonic() - start)
+    return statistics.median(times), result.stdout + result.stderr
+
+
+def bench_responses(workdir):
+    """SAMPLES response records: the demo's hand-written ones, cycled under new ids."""
+    demo = (REPO / "resources/demo/raw_responses.jsonl").read_text().splitlines()
+    with open(workdir / BENCH_CONFIG["data"]["raw_responses"], "w") as out:
+        for i in range(SAMPLES):
+            out.write(json.dumps(json.loads(demo[i % len(demo)]) | {"id": f"bench-{i:05d}"}) + "\n")
+
+
+def extract_in_one_process(workdir, num_shards):
+    """What the hidden_states jobs would write, with the target loaded once."""
+    results = workdir / "results"
+    model = load_target(results / "target", "float32", "cpu")
+    for shard in range(num_shards):
+        part = results / f"data/shards/part_{shard:05d}.jsonl"
+        shard_path = results / f"hidden_states/shard_{shard:05d}.safetensors"
+        extract_with(model, read_part(part), shard_path, aux_layer_ids=None, dtype="float32")
+        write_shard_sum(shard_path, results / f"hidden_states/shard_{shard:05d}.sum.json")
+
+
+def build(root, num_shards):
+    workdir = new_workdir(root)
+    edit_config(workdir, BENCH_CONFIG | {"hidden_states": {"num_shards": num_shards}})
+    bench_responses(workdir)
+    snakemake(workdir, "shard_samples")
+    extract_in_one_process(workdir, num_shards)
+    snakemake(workdir, "--touch", "--forcerun", "hidden_states", "--allowed-rules", "hidden_states")
+    snakemake(workdir)
+    return workdir
+
+
+def measure(workdir):
+    dry, dry_out = timed(workdir, "-n")
+    noop, noop_out = timed(workdir)
+    assert "Nothing to be done" in dry_out and "Nothing to be done" in noop_out, (dry_out[-2000:], noop_out[-2000:])
+    raw = workdir / BENCH_CONFIG["data"]["raw_responses"]
+    first = json.loads(raw.read_text().splitlines()[0])
+    with open(raw, "a") as out:
+        out.write(json.dumps(first | {"id": "bench-appended"}) + "\n")
+    snakemake(workdir, "shard_samples")
+    start = time.monotonic()
+    plan = snakemake(workdir, "-n").stdout
+    append_dry = time.monotonic() - start
+    shards_planned = plan.count("rule hidden_states:")
+    return {"dry": dry, "noop": noop, "append_dry": append_dry, "shards_planned": shards_planned}
+
+
+def main():
+    torch.set_num_threads(1)
+    with tempfile.TemporaryDirectory() as tmp:
+        figures = {}
+        for num_shards in (1000, 4):
+            root = Path(tmp) / f"shards{num_shards}"
+            root.mkdir()
+            start = time.monotonic()
+            workdir = build(root, num_shards)
+            print(f"built {num_shards} shards in {time.monotonic() - start:.0f} s", file=sys.stderr)
+            figures[num_shards] = measure(workdir)
+    big, small = figures[1000], figures[4]
+    print(f"| {SAMPLES:,} samples | 1,000 shards | 4 shards | ratio |")
+    print("|---|---|---|---|")
+    for key, label in [("dry", "`snakemake -n`, all up to date"), ("noop", "`snakemake`, all up to date (no-op)"),
+                       ("append_dry", "`snakemake -n` after appending one sample (split done)")]:
+        print(f"| {label} | {big[key]:.2f} s | {small[key]:.2f} s | {big[key] / small[key]:.2f}x |")
+    print(f"| shards planned after the append | {big['shards_planned']} | {small['shards_planned']} | |")
+
+
+if __name__ == "__main__":
+    main()

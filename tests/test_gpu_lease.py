@@ -1,0 +1,136 @@
+"""GPU leases over fake devices: real concurrent Snakemake jobs, real processes killed with SIGKILL."""
+
+import json
+import logging
+import os
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+
+from conftest import REPO
+from eaglenest.gpu_lease import gpu_ids, gpu_lease
+from eaglenest.stage import run_stage
+
+IDS = "0,1,2,3,4,5,6,7"
+JOBS = {"g1_a": 1, "g1_b": 1, "g1_c": 1, "g1_d": 1, "g2_a": 2, "g2_b": 2, "g2_c": 2, "g4_a": 4, "g4_b": 4,
+        "kill_4": 4, "full_8": 8}  # name: GPUs
+
+# One job: lease its GPUs, record what it got and when, hold them a moment. The job named kill_*
+# dies by SIGKILL while holding its lease (no Python cleanup runs: only the kernel frees it).
+JOB = """
+import json, os, signal, sys, time
+from pathlib import Path
+from eaglenest.gpu_lease import gpu_lease
+
+name, gpus, out = sys.argv[1], int(sys.argv[2]), Path(sys.argv[3])
+with gpu_lease(gpus, poll_s=0.05, timeout_s=20) as ids:
+    record = {"name": name, "ids": ids, "cuda": os.environ["CUDA_VISIBLE_DEVICES"], "start": time.time()}
+    if name.startswith("kill"):
+        record["end"] = time.time()
+        Path("records", name + ".json").write_text(json.dumps(record))
+        os.kill(os.getpid(), signal.SIGKILL)
+    time.sleep(1.0)
+    record["end"] = time.time()
+    Path("records", name + ".json").write_text(json.dumps(record))
+out.touch()
+"""
+
+SNAKEFILE = """
+rule all:
+    input: expand("done/{name}", name=JOBS)
+
+rule job:
+    output: "done/{name}"
+    log: "logs/{name}.log"
+    resources: gpu=lambda wildcards: JOBS[wildcards.name]
+    priority: lambda wildcards: 10 if wildcards.name.startswith("kill") else 0
+    shell: "{PYTHON} job.py {wildcards.name} {resources.gpu} {output} 2> {log}"
+"""
+
+
+def fake_devices(tmp_path):
+    """Environment for a lease over 8 fake devices, with private lock files."""
+    env = {k: v for k, v in os.environ.items() if k not in ("SLURM_JOB_ID", "KUBERNETES_SERVICE_HOST")}
+    return env | {"EAGLENEST_GPU_IDS": IDS, "EAGLENEST_GPU_LOCK_DIR": str(tmp_path / "locks"), "PYTHONPATH": str(REPO)}
+
+
+def test_concurrent_snakemake_jobs_never_share_a_device_and_a_killed_job_frees_its_own(tmp_path):
+    (tmp_path / "job.py").write_text(JOB)
+    (tmp_path / "Snakefile").write_text(f"PYTHON = {sys.executable!r}\nJOBS = {JOBS!r}\n" + SNAKEFILE)
+    (tmp_path / "records").mkdir()
+    started = time.time()
+    result = subprocess.run(
+        [sys.executable, "-m", "snakemake", "--cores", "8", "--resources", "gpu=8", "--keep-going"],
+        cwd=tmp_path, env=fake_devices(tmp_path), capture_output=True, text=True, timeout=120,
+    )
+    output = result.stdout + result.stderr
+    assert result.returncode != 0 and "Error in rule job" in output  # the killed one, only
+    assert {p.name for p in (tmp_path / "done").iterdir()} == JOBS.keys() - {"kill_4"}, output
+    records = {p.stem: json.loads(p.read_text()) for p in (tmp_path / "records").iterdir()}
+    assert records.keys() == JOBS.keys()
+    for name, record in records.items():
+        assert len(record["ids"]) == JOBS[name] and set(record["ids"]) <= set(IDS.split(","))
+        assert record["cuda"] == ",".join(record["ids"])
+
+    overlapping = 0
+    for a in records.values():
+        for b in records.values():
+            if a["name"] < b["name"] and a["start"] < b["end"] and b["start"] < a["end"]:
+                overlapping += 1
+                assert not set(a["ids"]) & set(b["ids"]), (a, b)
+    assert overlapping >= 3  # the jobs really ran at the same time
+    # the killed job never released its lease itself; a later job got all 8 devices, its 4 too
+    assert records["full_8"]["start"] > records["kill_4"]["end"]
+    assert time.time() - started < 60
+
+
+def test_a_lease_waits_while_the_devices_are_held_and_a_killed_holder_frees_them(tmp_path, monkeypatch, caplog):
+    env = fake_devices(tmp_path)
+    holder = subprocess.Popen(
+        [sys.executable, "-c", "import time; from eaglenest.gpu_lease import gpu_lease\n"
+                               "with gpu_lease(6) as ids:\n    print(','.join(ids), flush=True); time.sleep(60)"],
+        env=env, stdout=subprocess.PIPE, text=True,
+    )
+    try:
+        held = holder.stdout.readline().strip().split(",")
+        assert held == ["0", "1", "2", "3", "4", "5"]
+        environ = {"EAGLENEST_GPU_IDS": IDS, "EAGLENEST_GPU_LOCK_DIR": env["EAGLENEST_GPU_LOCK_DIR"]}
+        with gpu_lease(2, environ=environ, timeout_s=5) as ids:  # the two the holder left
+            assert ids == ["6", "7"] and environ["CUDA_VISIBLE_DEVICES"] == "6,7"
+        caplog.set_level(logging.INFO, logger="eaglenest.gpu_lease")
+        with pytest.raises(TimeoutError):
+            with gpu_lease(3, environ=environ, poll_s=0.05, timeout_s=0.3):
+                pass
+        assert "waiting for 3 free GPUs of 0,1,2,3,4,5,6,7" in caplog.text
+    finally:
+        holder.kill()  # SIGKILL
+        holder.wait()
+    with gpu_lease(8, environ=environ, timeout_s=5) as ids:
+        assert ids == IDS.split(",")
+
+
+def test_device_ids_come_from_the_environment(tmp_path):
+    assert gpu_ids({"EAGLENEST_GPU_IDS": "4, 5,6", "SLURM_JOB_ID": "7", "CUDA_VISIBLE_DEVICES": "0"}) == ["4", "5", "6"]
+    assert gpu_ids({"SLURM_JOB_ID": "7", "CUDA_VISIBLE_DEVICES": "0,1"}) == []  # SLURM gave the job its GPUs
+    assert gpu_ids({"KUBERNETES_SERVICE_HOST": "10.0.0.1", "CUDA_VISIBLE_DEVICES": "0"}) == []
+    assert gpu_ids({"CUDA_VISIBLE_DEVICES": "2,3"}) == ["2", "3"]
+    assert gpu_ids({"PATH": str(tmp_path)}) == []  # no nvidia-smi: a CPU machine
+    environ = {"EAGLENEST_GPU_IDS": "0,1", "EAGLENEST_GPU_LOCK_DIR": str(tmp_path)}
+    with gpu_lease(0, environ=environ) as ids:  # a CPU stage: no lease, devices untouched
+        assert ids == [] and "CUDA_VISIBLE_DEVICES" not in environ
+    with pytest.raises(ValueError, match="needs 4 GPUs but this machine leases out 2: 0,1"):
+        with gpu_lease(4, environ=environ):
+            pass
+
+
+def test_run_stage_runs_the_stage_on_its_leased_devices(tmp_path, monkeypatch):
+    for name, value in fake_devices(tmp_path).items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    seen = run_stage(tmp_path / "stage.log", 1, lambda: os.environ["CUDA_VISIBLE_DEVICES"], gpus=2)
+    assert seen == "0,1"
+    assert "leased GPUs 0,1" in (tmp_path / "stage.log").read_text()
+    logging.getLogger().handlers.clear()  # run_stage's log file handler: not into later tests

@@ -1,0 +1,238 @@
+"""Only what is stale is rebuilt, down to single shards: real Snakemake runs on a built workflow copy.
+
+Most runs stop at the manifest (MANIFEST target), which is where shard staleness is decided;
+what follows the manifest is covered by test_workflow.
+"""
+
+import hashlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from conftest import REPO, edit_config, planned, snakemake
+from eaglenest.shard_files import shard_of
+
+MANIFEST = "results/hidden_states/manifest.json"
+RAW = "results/responses/raw_responses.jsonl"
+NUM_SHARDS = 3  # conftest.FAST
+DOWNSTREAM_OF_TRAINING = {"train_drafter", "export_eagle", "check_drafter", "evaluate_offline", "evaluate_vllm", "summary", "all"}
+
+
+def shard_files(workdir):
+    """{shard file: (mtime_ns, sha256)} of the hidden-state shards."""
+    return {
+        p.name: (p.stat().st_mtime_ns, hashlib.sha256(p.read_bytes()).hexdigest())
+        for p in sorted((workdir / "results/hidden_states").glob("shard_*.safetensors"))
+    }
+
+
+def changed(before, after):
+    return {name for name in before if after.get(name) != before[name]}
+
+
+def records(workdir):
+    return [json.loads(line) for line in (workdir / RAW).read_text().splitlines()]
+
+
+def write_records(workdir, rows):
+    (workdir / RAW).write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+
+def ids_in_shard(shard, count):
+    ids = (f"appended-{i}" for i in range(10_000))
+    return [i for i in ids if shard_of(i, NUM_SHARDS) == shard][:count]
+
+
+def manifest(workdir):
+    return json.loads((workdir / MANIFEST).read_text())
+
+
+def test_appended_samples_reextract_only_the_shards_that_gain_them(workdir):
+    rows = records(workdir)
+    write_records(workdir, rows + [rows[0] | {"id": i} for i in ids_in_shard(1, 2)])
+    before = shard_files(workdir)
+    result = snakemake(workdir, MANIFEST)  # one plain run: the checkpoint re-decides after the split
+    assert changed(before, shard_files(workdir)) == {"shard_00001.safetensors"}
+    assert result.stderr.count("localrule hidden_states:") == 1
+    assert "reason: Updated input files: results/data/shards/part_00001.sha256" in result.stderr
+    assert set(ids_in_shard(1, 2)) <= set(manifest(workdir)["shards"][1]["sample_ids"])
+    assert planned(workdir, MANIFEST) == {}
+
+
+def test_editing_one_sample_reextracts_only_its_shard_and_dry_run_names_it(workdir):
+    rows = records(workdir)
+    edited = 5
+    ids = rows[edited]["completion_token_ids"]
+    j = next(j for j, token in enumerate(ids) if token < 500)  # a text token: the specials are at the end
+    ids[j] = 300 if ids[j] != 300 else 301
+    write_records(workdir, rows)
+    shard = shard_of(rows[edited]["id"], NUM_SHARDS)
+    before = shard_files(workdir)
+    snakemake(workdir, "shard_samples")  # the cheap split first: then -n knows the exact shards
+    dry = snakemake(workdir, "-n", MANIFEST).stdout
+    assert planned(workdir, MANIFEST) == {"hidden_states": 1, "hidden_states_manifest": 1}
+    assert f"reason: Updated input files: results/data/shards/part_{shard:05d}.sha256" in dry
+    snakemake(workdir, MANIFEST)
+    assert changed(before, shard_files(workdir)) == {f"shard_{shard:05d}.safetensors"}
+
+
+@pytest.mark.parametrize(
+    "update, reruns, shards",
+    [
+        ({"hidden_states": {"aux_layer_ids": [1, 4, 6]}}, {"hidden_states", "hidden_states_manifest"} | DOWNSTREAM_OF_TRAINING, 3),
+        ({"hidden_states": {"dtype": "bfloat16"}}, {"hidden_states", "hidden_states_manifest"} | DOWNSTREAM_OF_TRAINING, 3),
+        ({"demo_target": {"seed": 1}}, "everything", 3),
+        ({"tokenize": {"max_seq_len": 100}}, {"tokenize", "token_freq", "vocab_map", "shard_samples", "hidden_states", "hidden_states_manifest"} | DOWNSTREAM_OF_TRAINING, 3),
+        ({"train": {"lr": 0.002}}, DOWNSTREAM_OF_TRAINING, 0),
+        ({"train": {"epochs": 3, "batch_size": 4}}, DOWNSTREAM_OF_TRAINING, 0),
+        ({"vocab": {"draft_vocab_size": 96}}, {"vocab_map"} | DOWNSTREAM_OF_TRAINING, 0),
+        ({"eval": {"max_prompts": 40}}, {"evaluate_vllm", "summary", "all"}, 0),
+    ],
+)
+def test_config_changes_plan_exactly_their_stages(workdir, update, reruns, shards):
+    edit_config(workdir, update)
+    plan = planned(workdir)
+    if reruns == "everything":
+        assert set(plan) == set(planned(workdir, "-F"))
+    else:
+        assert set(plan) == reruns
+    assert plan.get("hidden_states", 0) == shards
+
+
+def test_max_seq_len_reextracts_every_shard_whose_samples_it_cuts(workdir):
+    lengths = [len(json.loads(line)["input_ids"]) for line in (workdir / "results/data/tokenized_data.jsonl").open()]
+    edit_config(workdir, {"tokenize": {"max_seq_len": min(lengths) - 1}})  # cuts every sample
+    before = shard_files(workdir)
+    snakemake(workdir, MANIFEST)
+    assert changed(before, shard_files(workdir)) == set(before)
+    assert all(shard["num_tokens"] == len(shard["sample_ids"]) * (min(lengths) - 1) for shard in manifest(workdir)["shards"])
+
+
+def test_kill_9_during_extraction_keeps_finished_shards_and_redoes_the_interrupted_one(workdir):
+    before = shard_files(workdir)
+    log = workdir / "killed_run.log"
+    with open(log, "w") as out:  # one job at a time; its own session, so that the kill takes the job too
+        run = subprocess.Popen(
+            [sys.executable, "-m", "snakemake", MANIFEST, "--cores", "1", "--forcerun", "hidden_states"],
+            cwd=workdir, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+        )
+    deadline = time.monotonic() + 300
+    while log.read_text().count("localrule hidden_states:") < 2:  # one shard done, the next running
+        assert run.poll() is None and time.monotonic() < deadline, log.read_text()
+        time.sleep(0.2)
+    time.sleep(2)
+    os.killpg(run.pid, signal.SIGKILL)
+    run.wait()
+    after_kill = shard_files(workdir)
+    finished = {name for name in changed(before, after_kill) if name in after_kill}
+    interrupted = set(before) - set(after_kill)  # Snakemake removes a job's outputs before it starts
+    assert len(finished) == 1 and len(interrupted) == 1, (finished, interrupted)
+    hidden = workdir / "results/hidden_states"
+    assert not [p.name for p in hidden.iterdir() if p.name.startswith(".")]  # no temporaries
+
+    snakemake(workdir, "--unlock")  # the kill left Snakemake's lock behind (README: after a crash)
+    assert planned(workdir, MANIFEST) == {"hidden_states": 1, "hidden_states_manifest": 1}
+    snakemake(workdir, MANIFEST)
+    after = shard_files(workdir)
+    assert {name for name in after if after[name] != after_kill.get(name)} == interrupted
+    assert all(after[name][1] == before[name][1] for name in before)  # same bytes as first extracted
+    assert planned(workdir, MANIFEST) == {}
+
+
+def test_a_truncated_shard_is_refused_by_the_manifest_and_reextracted_by_the_next_run(workdir):
+    before = shard_files(workdir)
+    shard = workdir / "results/hidden_states/shard_00002.safetensors"
+    with open(shard, "r+b") as f:  # a partial copy, a full disk: the file is newer and shorter
+        f.truncate(shard.stat().st_size // 2)
+    result = snakemake(workdir, check=False)  # the manifest reruns on the newer shard and checks it first
+    assert result.returncode != 0
+    assert f"{shard.relative_to(workdir)}: sha256" in result.stderr and "run snakemake again" in result.stderr
+    assert not shard.exists()
+    plan = planned(workdir)
+    assert plan["hidden_states"] == 1 and {"hidden_states_manifest", "train_drafter", "summary"} <= set(plan)
+    snakemake(workdir, str(shard.relative_to(workdir)))
+    assert shard_files(workdir)[shard.name][1] == before[shard.name][1]  # the very bytes first extracted
+
+
+def test_same_size_corruption_is_refused_before_training_and_rebuilt_by_the_next_run(workdir):
+    before = shard_files(workdir)
+    shard = workdir / "results/hidden_states/shard_00001.safetensors"
+    stat = shard.stat()
+    data = bytearray(shard.read_bytes())
+    data[-100] ^= 0xFF  # a flipped bit in the tensor data, size and mtime kept: nothing Snakemake sees
+    shard.write_bytes(bytes(data))
+    os.utime(shard, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+    assert planned(workdir, MANIFEST) == {}
+    edit_config(workdir, {"train": {"lr": 0.002}})  # training has to run, and reads the shards
+    result = snakemake(workdir, "results/train/train_log.tsv", check=False)
+    assert result.returncode != 0
+    assert f"{shard.relative_to(workdir)}: sha256" in result.stderr and "run snakemake again" in result.stderr
+    assert not shard.exists() and not (workdir / "results/train/train_log.tsv").exists()
+    plan = planned(workdir)  # training still has to run, so the missing shard is extracted first
+    assert plan["hidden_states"] == 1 and {"hidden_states_manifest", "train_drafter"} <= set(plan)
+    snakemake(workdir, str(shard.relative_to(workdir)))
+    assert shard_files(workdir)[shard.name][1] == before[shard.name][1]
+
+
+def test_readme_rebuilding_commands_do_what_they_say(workdir):
+    readme = (REPO / "README.md").read_text()
+    section = readme[readme.index("## Rebuilding"):]
+    section = section[: section.index("\n## ", 3)]
+    for command in [
+        "snakemake -n",
+        "snakemake -f results/vocab/d2t.pt",
+        "snakemake -f results/hidden_states/shard_00001.safetensors",
+        "snakemake -R hidden_states",
+        "snakemake shard_samples",
+        "snakemake --touch",
+        "snakemake --unlock",
+    ]:
+        assert command in section, command
+
+    # what is stale and why
+    edit_config(workdir, {"train": {"lr": 0.002}})
+    dry = snakemake(workdir, "-n").stdout
+    train_job = dry[dry.index("rule train_drafter:"):]
+    assert "reason: Params have changed since last execution" in train_job[: train_job.index("\n\n")]
+    edit_config(workdir, {"train": {"lr": 0.003}})
+    assert planned(workdir) == {}
+
+    # regenerate one artifact, then one shard: only those jobs run
+    assert planned(workdir, "-f", "results/vocab/d2t.pt") == {"vocab_map": 1}
+    before = shard_files(workdir)
+    assert planned(workdir, "-f", "results/hidden_states/shard_00001.safetensors") == {"hidden_states": 1}
+    snakemake(workdir, "-f", "results/hidden_states/shard_00001.safetensors")
+    after = shard_files(workdir)
+    assert changed(before, after) == {"shard_00001.safetensors"} and after["shard_00001.safetensors"][1] == before["shard_00001.safetensors"][1]
+
+    # force a stage and everything downstream of it
+    plan = planned(workdir, "-R", "hidden_states")
+    assert plan["hidden_states"] == 3 and DOWNSTREAM_OF_TRAINING | {"hidden_states_manifest"} <= set(plan)
+    assert "tokenize" not in plan
+
+    # touch after a cosmetic change: a reformatted script is seen as changed code, --touch says it is not
+    script = workdir / "scripts/summary.py"
+    script.write_text(script.read_text().replace("run_stage(", "run_stage(  # reformatted", 1))
+    assert set(planned(workdir)) >= {"summary"}
+    summary = (workdir / "results/summary.md").read_text()
+    snakemake(workdir, "--touch")
+    assert planned(workdir) == {} and (workdir / "results/summary.md").read_text() == summary
+
+
+@pytest.mark.parametrize(
+    "module, reruns",
+    [
+        ("vocab.py", {"token_freq", "vocab_map"} | DOWNSTREAM_OF_TRAINING),
+        ("summary.py", {"summary", "all"}),
+        ("demo_data.py", set()),  # builds resources/demo; no rule imports it
+    ],
+)
+def test_a_code_edit_plans_the_rules_that_import_the_module_and_their_downstream(workdir, module, reruns):
+    path = workdir / "eaglenest" / module
+    path.write_text(path.read_text() + "\n\ndef edited():\n    return 1\n")
+    assert set(planned(workdir)) == reruns
