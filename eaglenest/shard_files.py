@@ -80,4 +80,6 @@ def check_shards(shard_paths, manifest):
     """check_shard for every shard against the sha256 the manifest recorded: before any reader."""
     recorded = {shard["file"]: shard["sha256"] for shard in manifest["shards"]}
     for path in shard_paths:
+        if Path(path).name not in recorded:
+            raise InputError(f"{path}: not in the manifest, so not extracted with these settings")
         check_shard(path, recorded[Path(path).name])

@@ -67,6 +67,8 @@ def test_a_changed_shard_is_found_by_sha256_and_removed(tmp_path):
     with pytest.raises(InputError, match=r"shard_2\.safetensors: sha256"):
         check_shards(shards[2:], manifest)
     assert not shards[2].exists()
+    with pytest.raises(InputError, match=r"shard_0\.safetensors: not in the manifest"):
+        check_shards(shards[:1], {"shards": []})
 
 
 def test_a_killed_writers_leftover_is_removed_by_the_next_write(tmp_path):

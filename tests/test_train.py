@@ -203,8 +203,11 @@ def test_offline_eval_oracle_counts(data, tmp_path):
         "id": "oracle", "input_ids": ids, "loss_mask": torch.tensor([0, 0, 1, 1, 1, 1, 1, 1]).bool(),
         "aux_hidden_states": torch.randn(8, 3 * 128), "final_hidden_states": torch.randn(8, 128),
     }
-    write_shard(tmp_path / "oracle.safetensors", [sample], hidden_size=128, dtype=torch.float32)
-    metrics = evaluate_offline([tmp_path / "oracle.safetensors"], root / "manifest.json", tmp_path / "d",
+    shard, sum_path = tmp_path / "oracle.safetensors", tmp_path / "oracle.sum.json"
+    write_shard(shard, [sample], hidden_size=128, dtype=torch.float32)
+    write_shard_sum(shard, sum_path)
+    write_manifest([shard], [sum_path], root / "target", tmp_path / "manifest.json", aux_layer_ids=None, dtype="float32")
+    metrics = evaluate_offline([shard], tmp_path / "manifest.json", tmp_path / "d",
                                root / "target", tmp_path / "eval.json", heldout_fraction=1.0,
                                num_speculative_tokens=K)
     assert metrics["num_drafts"] == 5
