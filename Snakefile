@@ -26,11 +26,9 @@ rule all:
     input:
         RAW_RESPONSES,
         rules.tokenize.output,
-        rules.shard_samples.output,
         rules.token_freq.output,
         rules.vocab_map.output,
         SHARDS,
-        expand(SHARD_SUM, shard=SHARD_IDS),
         rules.hidden_states_manifest.output,
         rules.train_drafter.output,
         rules.export_eagle.output,

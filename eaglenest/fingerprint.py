@@ -7,6 +7,7 @@ docstring edits do not make artifacts stale, while any change to what the code d
 """
 
 import ast
+import functools
 import hashlib
 from pathlib import Path
 
@@ -41,6 +42,19 @@ def _imported_modules(tree):
     return names
 
 
+@functools.lru_cache(maxsize=None)
+def _parsed(path, mtime_ns, size):
+    """(docstring-free AST dump, eaglenest modules imported) of one file; parsed once per version
+    (rules share most modules, and a dry run fingerprints every rule)."""
+    tree = _tree(path)
+    return ast.dump(tree), frozenset(_imported_modules(tree))
+
+
+def _module(path):
+    stat = Path(path).stat()
+    return _parsed(Path(path), stat.st_mtime_ns, stat.st_size)
+
+
 def module_closure(root, script):
     """Files of `script` and of every eaglenest module it reaches, sorted, relative to `root`."""
     root = Path(root)
@@ -50,7 +64,7 @@ def module_closure(root, script):
         if path in seen:
             continue
         seen.add(path)
-        for name in _imported_modules(_tree(root / path)):
+        for name in _module(root / path)[1]:
             candidate = Path(*name.split(".")).with_suffix(".py")
             if (root / candidate).is_file():
                 todo.append(candidate)
@@ -61,5 +75,5 @@ def code_fingerprint(root, script):
     """sha256 over the docstring-free ASTs of `script` and its eaglenest import closure."""
     digest = hashlib.sha256()
     for path in module_closure(root, script):
-        digest.update(str(path).encode() + b"\0" + ast.dump(_tree(Path(root) / path)).encode() + b"\0")
+        digest.update(str(path).encode() + b"\0" + _module(Path(root) / path)[0].encode() + b"\0")
     return digest.hexdigest()

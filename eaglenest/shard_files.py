@@ -3,8 +3,10 @@ shard, the per-shard slices of tokenized data, and the checksums that catch a co
 
 Why per-shard slices: Snakemake reruns a job when an input is newer than its output. If every
 shard read tokenized_data.jsonl, appending one sample would re-extract every shard. Instead the
-`shard_samples` checkpoint writes part_NNNNN.jsonl (the shard's samples, lines verbatim) and
-part_NNNNN.sha256 (its digest, a few bytes). A shard job depends on the part through `ancient()`
+`shard_samples` checkpoint writes, in one folder, part_NNNNN.jsonl (the shard's samples, lines
+verbatim) and part_NNNNN.sha256 (its digest, a few bytes). One folder, not 2 x num_shards
+declared outputs: Snakemake matches every input against every output of a rule, which made a
+dry run at 1,000 shards take twice as long. A shard job depends on the part through `ancient()`
 and on the digest normally: the digest is rewritten with a new mtime but, being tiny, its
 checksum is compared (Snakemake does that for inputs under --max-checksum-file-size), so only
 shards whose samples really changed are re-extracted. The checkpoint makes Snakemake re-decide
@@ -16,7 +18,7 @@ import json
 import os
 from pathlib import Path
 
-from eaglenest.atomic import atomic_path, write_json
+from eaglenest.atomic import atomic_dir, write_json
 from eaglenest.stage import InputError
 
 
@@ -34,19 +36,23 @@ def sha256_file(path):
     return digest.hexdigest()
 
 
-def split_tokenized(tokenized_path, part_paths, digest_paths):
-    """Write the samples of shard i (by shard_of) to part_paths[i], lines verbatim in file order,
-    and each part's sha256 to digest_paths[i]."""
-    num_shards = len(part_paths)
+def part_paths(parts_dir, shard):
+    """(samples, digest) file paths of one shard's part in the shard_samples folder."""
+    return Path(parts_dir) / f"part_{shard:05d}.jsonl", Path(parts_dir) / f"part_{shard:05d}.sha256"
+
+
+def split_tokenized(tokenized_path, parts_dir, num_shards):
+    """Write the samples of each shard (by shard_of) to its part in `parts_dir`, lines verbatim in
+    file order, and each part's sha256 beside it (see part_paths). The folder is replaced whole."""
     parts = [[] for _ in range(num_shards)]
     with open(tokenized_path, "rb") as f:
         for line in f:
             parts[shard_of(json.loads(line)["id"], num_shards)].append(line)
-    for lines, part_path, digest_path in zip(parts, part_paths, digest_paths):
-        with atomic_path(part_path) as tmp:
-            tmp.write_bytes(b"".join(lines))
-        with atomic_path(digest_path) as tmp:
-            tmp.write_text(sha256_file(part_path) + "\n")
+    with atomic_dir(parts_dir) as tmp:
+        for shard, lines in enumerate(parts):
+            part, digest = part_paths(tmp, shard)
+            part.write_bytes(b"".join(lines))
+            digest.write_text(sha256_file(part) + "\n")
     return {"num_shards": num_shards, "samples_per_shard": [len(lines) for lines in parts]}
 
 

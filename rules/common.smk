@@ -24,8 +24,7 @@ TARGET = f"{RESULTS}/target" if config["target"]["demo"] else config["target"]["
 RAW_RESPONSES = config["data"]["raw_responses"] or f"{RESULTS}/responses/raw_responses.jsonl"
 TOKENIZED = f"{RESULTS}/data/tokenized_data.jsonl"
 SHARD_IDS = [f"{i:05d}" for i in range(config["hidden_states"]["num_shards"])]
-PART = f"{RESULTS}/data/shards/part_{{shard}}.jsonl"  # the tokenized samples of one shard ...
-PART_DIGEST = f"{RESULTS}/data/shards/part_{{shard}}.sha256"  # ... and their digest
+PARTS = f"{RESULTS}/data/shards"  # part_NNNNN.jsonl: the tokenized samples of a shard, .sha256: their digest
 HIDDEN = f"{RESULTS}/hidden_states"
 SHARD = f"{HIDDEN}/shard_{{shard}}.safetensors"
 SHARD_SUM = f"{HIDDEN}/shard_{{shard}}.sum.json"  # its sha256 and size as extracted
@@ -39,3 +38,12 @@ def code(script):
     """Fingerprint of scripts/<script>.py and the eaglenest modules it imports (a params entry)."""
     return code_fingerprint(workflow.basedir, f"scripts/{script}.py")
 
+
+def shard_part(wildcards):
+    """The shard's samples and their digest, once the split has run. Staleness comes from the
+    digest, whose checksum Snakemake compares; the samples file is ancient()."""
+    parts = checkpoints.shard_samples.get().output.parts
+    return {
+        "part": ancient(f"{parts}/part_{wildcards.shard}.jsonl"),
+        "digest": f"{parts}/part_{wildcards.shard}.sha256",
+    }

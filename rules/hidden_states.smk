@@ -7,11 +7,11 @@ checkpoint shard_samples:
     input:
         data=TOKENIZED,
     output:
-        parts=expand(PART, shard=SHARD_IDS),
-        digests=expand(PART_DIGEST, shard=SHARD_IDS),
+        parts=directory(PARTS),
     log:
         f"{RESULTS}/logs/shard_samples.log",
     params:
+        num_shards=config["hidden_states"]["num_shards"],
         code=code("shard_samples"),
     conda:
         ENV
@@ -21,8 +21,7 @@ checkpoint shard_samples:
 
 rule hidden_states:
     input:
-        part=ancient(PART),  # staleness comes from the digest, whose checksum Snakemake compares
-        digest=PART_DIGEST,
+        unpack(shard_part),
         target=TARGET,
     output:
         shard=SHARD,

@@ -7,5 +7,5 @@ run_stage(
     split_tokenized,
     snakemake.input.data,
     snakemake.output.parts,
-    snakemake.output.digests,
+    snakemake.params.num_shards,
 )

@@ -8,6 +8,7 @@ import pytest
 from eaglenest.atomic import atomic_path
 from eaglenest.shard_files import (
     check_shards,
+    part_paths,
     sha256_file,
     shard_of,
     split_tokenized,
@@ -23,10 +24,9 @@ def sample(i):
 def split(tmp_path, samples, num_shards=4):
     data = tmp_path / "tokenized_data.jsonl"
     data.write_text("".join(json.dumps(s) + "\n" for s in samples))
-    parts = [tmp_path / f"part_{i}.jsonl" for i in range(num_shards)]
-    digests = [tmp_path / f"part_{i}.sha256" for i in range(num_shards)]
-    split_tokenized(data, parts, digests)
-    return parts, digests
+    split_tokenized(data, tmp_path / "shards", num_shards)
+    paths = [part_paths(tmp_path / "shards", i) for i in range(num_shards)]
+    return [part for part, _ in paths], [digest for _, digest in paths]
 
 
 def test_parts_hold_each_shards_lines_verbatim_and_their_digest(tmp_path):
