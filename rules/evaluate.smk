@@ -33,10 +33,13 @@ rule evaluate_offline:
     params:
         heldout_fraction=config["train"]["heldout_fraction"],
         num_speculative_tokens=config["eval"]["num_speculative_tokens"],
+        device=config["train"]["device"],  # the drafter runs where it trained
         code=code("evaluate_offline"),
     log:
         f"{RESULTS}/logs/evaluate_offline.log",
     threads: lambda wildcards: workflow.cores
+    resources:
+        gpu=0 if config["train"]["device"] == "cpu" else 1,  # leased like the others, not cuda:0 by default
     conda:
         ENV
     script:

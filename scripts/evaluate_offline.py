@@ -12,4 +12,6 @@ run_stage(
     snakemake.output.metrics,
     heldout_fraction=snakemake.params.heldout_fraction,
     num_speculative_tokens=snakemake.params.num_speculative_tokens,
+    device=snakemake.params.device,
+    gpus=snakemake.resources.gpu,
 )

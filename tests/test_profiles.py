@@ -12,7 +12,7 @@ import yaml
 from conftest import REPO
 from eaglenest.train import torchrun_command
 
-GPU_RULES = {"generate_responses", "hidden_states", "train_drafter", "evaluate_vllm"}
+GPU_RULES = {"generate_responses", "hidden_states", "train_drafter", "evaluate_vllm", "evaluate_offline"}
 CPU_STAGES = {"tokenize", "token_freq", "vocab_map"}  # run beside GPU jobs: they hold no GPU
 TP, TRAIN_GPUS = 8, 8
 GPU_CONFIG = {  # the 8-GPU container's kind of target: tensor parallelism 8, DDP on 8 GPUs
@@ -20,7 +20,8 @@ GPU_CONFIG = {  # the 8-GPU container's kind of target: tensor parallelism 8, DD
     "hidden_states": {"device": "cuda", "backend": "vllm"},
     "train": {"device": "cuda", "num_processes": TRAIN_GPUS},
 }
-EXPECTED_GPUS = {"generate_responses": TP, "hidden_states": TP, "train_drafter": TRAIN_GPUS, "evaluate_vllm": TP}
+EXPECTED_GPUS = {"generate_responses": TP, "hidden_states": TP, "train_drafter": TRAIN_GPUS, "evaluate_vllm": TP,
+                 "evaluate_offline": 1}
 
 
 def snakemake(*args, cwd=REPO):
@@ -103,7 +104,7 @@ def test_slurm_sends_gpu_jobs_to_gpu_nodes_and_cpu_stages_elsewhere(gpu_config):
         if rule in GPU_RULES:
             assert resources["slurm_partition"] == "gpu" and resources["gpu_model"] == "rtx_pro_6000", rule
             assert int(resources["cpus_per_gpu"]) > 0 and int(resources["runtime"]) > 0, rule
-            assert int(resources["mem_mb"]) >= 256000, rule
+            assert int(resources["mem_mb"]) >= 64000, rule
         else:
             assert resources["slurm_partition"] == "cpu" and "gpu_model" not in resources, rule
             assert int(resources["runtime"]) > 0 and int(resources["mem_mb"]) > 0, rule
