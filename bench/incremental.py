@@ -29,7 +29,7 @@ sys.path.insert(0, str(REPO))
 
 from conftest import edit_config, new_workdir  # noqa: E402  (the tests' workflow copy, reused)
 from eaglenest.hidden_states import extract_with, load_target  # noqa: E402
-from eaglenest.shard_files import read_part, write_shard_sum  # noqa: E402
+from eaglenest.shard_files import part_paths, read_part, write_shard_sum  # noqa: E402
 
 SAMPLES = 10_000
 REPEATS = 3
@@ -70,7 +70,7 @@ def extract_in_one_process(workdir, num_shards):
     results = workdir / "results"
     model = load_target(results / "target", "float32", "cpu")
     for shard in range(num_shards):
-        part = results / f"data/shards/part_{shard:05d}.jsonl"
+        part, _ = part_paths(results / "data/shards", shard)
         shard_path = results / f"hidden_states/shard_{shard:05d}.safetensors"
         extract_with(model, read_part(part), shard_path, aux_layer_ids=None, dtype="float32")
         write_shard_sum(shard_path, results / f"hidden_states/shard_{shard:05d}.sum.json")

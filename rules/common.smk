@@ -9,6 +9,7 @@ sys.path.insert(0, workflow.basedir)
 
 from eaglenest.configuration import validate_config
 from eaglenest.fingerprint import code_fingerprint
+from eaglenest.shard_files import part_paths
 
 try:
     validate_config(config, workflow.source_path("../schemas/config.schema.yaml"))
@@ -42,8 +43,5 @@ def code(script):
 def shard_part(wildcards):
     """The shard's samples and their digest, once the split has run. Staleness comes from the
     digest, whose checksum Snakemake compares; the samples file is ancient()."""
-    parts = checkpoints.shard_samples.get().output.parts
-    return {
-        "part": ancient(f"{parts}/part_{wildcards.shard}.jsonl"),
-        "digest": f"{parts}/part_{wildcards.shard}.sha256",
-    }
+    part, digest = part_paths(checkpoints.shard_samples.get().output.parts, int(wildcards.shard))
+    return {"part": ancient(str(part)), "digest": str(digest)}
