@@ -32,7 +32,7 @@ from eaglenest.hidden_states import extract_with, load_target  # noqa: E402
 from eaglenest.shard_files import part_paths, read_part, write_shard_sum  # noqa: E402
 
 SAMPLES = 10_000
-REPEATS = 3
+REPEATS = 5
 BENCH_CONFIG = {  # small everywhere except the sample and shard counts under test
     "data": {"raw_responses": "resources/bench_responses.jsonl"},
     "train": {"epochs": 1},

@@ -4,19 +4,26 @@ Snakemake tracks neither the modules a script imports nor anything below the scr
 rule gets a `code` param: a hash of its script and of every eaglenest module the script reaches
 through imports. The hash is of the syntax tree without docstrings, so comment, whitespace and
 docstring edits do not make artifacts stale, while any change to what the code does does.
+
+Parsing every module costs each dry run ~0.2 s, so a module's summary is kept in a cache file
+keyed by the sha256 of its source: an entry can never be stale, and a lost write only costs a parse.
 """
 
 import ast
 import functools
 import hashlib
+import json
+import os
+import tempfile
 from pathlib import Path
 
 PACKAGE = "eaglenest"
 
 
-def _tree(path):
-    """The module's AST with docstrings removed."""
-    tree = ast.parse(Path(path).read_text(), filename=str(path))
+def summarize(source):
+    """(sha256 of the docstring-free AST, sorted eaglenest modules imported anywhere) of a module."""
+    tree = ast.parse(source)
+    imported = set()
     for node in ast.walk(tree):
         body = getattr(node, "body", None)
         if (
@@ -27,35 +34,44 @@ def _tree(path):
             and isinstance(body[0].value.value, str)
         ):
             node.body = body[1:] or [ast.Pass()]
-    return tree
-
-
-def _imported_modules(tree):
-    """Names of eaglenest modules imported anywhere in `tree` (also inside functions)."""
-    names = set()
-    for node in ast.walk(tree):
         if isinstance(node, ast.Import):
-            names.update(a.name for a in node.names if a.name.split(".")[0] == PACKAGE)
+            imported.update(a.name for a in node.names if a.name.split(".")[0] == PACKAGE)
         elif isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[0] == PACKAGE:
-            names.add(node.module)
-            names.update(f"{node.module}.{a.name}" for a in node.names)
-    return names
+            imported.add(node.module)
+            imported.update(f"{node.module}.{a.name}" for a in node.names)
+    return hashlib.sha256(ast.dump(tree).encode()).hexdigest(), sorted(imported)
 
 
 @functools.lru_cache(maxsize=None)
-def _parsed(path, mtime_ns, size):
-    """(docstring-free AST dump, eaglenest modules imported) of one file; parsed once per version
-    (rules share most modules, and a dry run fingerprints every rule)."""
-    tree = _tree(path)
-    return ast.dump(tree), frozenset(_imported_modules(tree))
+def _cache(cache_path):
+    """The summaries stored at `cache_path` (read once per process; {} if absent or unreadable)."""
+    try:
+        return json.loads(Path(cache_path).read_text())
+    except (OSError, ValueError):
+        return {}
 
 
-def _module(path):
-    stat = Path(path).stat()
-    return _parsed(Path(path), stat.st_mtime_ns, stat.st_size)
+def _store(cache_path, summaries):
+    """Replace the cache file atomically: concurrent runs may each write it, none sees a torn file."""
+    Path(cache_path).parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=Path(cache_path).parent, prefix=".fingerprints.", suffix=".tmp")
+    with os.fdopen(fd, "w") as f:
+        json.dump(summaries, f)
+    os.replace(tmp, cache_path)
 
 
-def module_closure(root, script):
+def _summary(path, cache_path):
+    source = Path(path).read_bytes()
+    key = hashlib.sha256(source).hexdigest()
+    summaries = _cache(cache_path) if cache_path else {}
+    if key not in summaries:
+        summaries[key] = summarize(source)
+        if cache_path:
+            _store(cache_path, summaries)
+    return summaries[key]
+
+
+def module_closure(root, script, cache_path=None):
     """Files of `script` and of every eaglenest module it reaches, sorted, relative to `root`."""
     root = Path(root)
     todo, seen = [Path(script)], set()
@@ -64,16 +80,17 @@ def module_closure(root, script):
         if path in seen:
             continue
         seen.add(path)
-        for name in _module(root / path)[1]:
+        for name in _summary(root / path, cache_path)[1]:
             candidate = Path(*name.split(".")).with_suffix(".py")
             if (root / candidate).is_file():
                 todo.append(candidate)
     return sorted(seen)
 
 
-def code_fingerprint(root, script):
-    """sha256 over the docstring-free ASTs of `script` and its eaglenest import closure."""
+def code_fingerprint(root, script, cache_path=None):
+    """sha256 over the docstring-free ASTs of `script` and its eaglenest import closure; module
+    summaries are cached in `cache_path` (a JSON file) when one is given."""
     digest = hashlib.sha256()
-    for path in module_closure(root, script):
-        digest.update(str(path).encode() + b"\0" + _module(Path(root) / path)[0].encode() + b"\0")
+    for path in module_closure(root, script, cache_path):
+        digest.update(f"{path}\0{_summary(Path(root) / path, cache_path)[0]}\0".encode())
     return digest.hexdigest()

@@ -1,4 +1,5 @@
 # Shared settings: config validation, result paths and code fingerprints.
+import functools
 import sys
 
 from snakemake.exceptions import WorkflowError
@@ -31,17 +32,27 @@ SHARD = f"{HIDDEN}/shard_{{shard}}.safetensors"
 SHARD_SUM = f"{HIDDEN}/shard_{{shard}}.sum.json"  # its sha256 and size as extracted
 SHARDS = expand(SHARD, shard=SHARD_IDS)
 MANIFEST = f"{HIDDEN}/manifest.json"
+D2T = f"{RESULTS}/vocab/d2t.pt"
+T2D = f"{RESULTS}/vocab/t2d.pt"
 DRAFTER = f"{RESULTS}/drafter"
 ENV = "../envs/eaglenest.yaml"
 
 
 def code(script):
     """Fingerprint of scripts/<script>.py and the eaglenest modules it imports (a params entry)."""
-    return code_fingerprint(workflow.basedir, f"scripts/{script}.py")
+    return code_fingerprint(workflow.basedir, f"scripts/{script}.py", ".snakemake/eaglenest/code_summaries.json")
+
+
+@functools.cache
+def split_folder():
+    """The shard_samples folder once the split is complete: until then get() raises, which makes
+    Snakemake re-decide the shard jobs after the split; a raise is never cached. (Cached because
+    1,000 shards called get() 2,000 times per dry run.)"""
+    return checkpoints.shard_samples.get().output.parts
 
 
 def shard_part(wildcards):
     """The shard's samples and their digest, once the split has run. Staleness comes from the
     digest, whose checksum Snakemake compares; the samples file is ancient()."""
-    part, digest = part_paths(checkpoints.shard_samples.get().output.parts, int(wildcards.shard))
+    part, digest = part_paths(split_folder(), int(wildcards.shard))
     return {"part": ancient(str(part)), "digest": str(digest)}

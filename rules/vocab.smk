@@ -21,8 +21,8 @@ rule vocab_map:
     input:
         freq=rules.token_freq.output.freq,
     output:
-        d2t=f"{RESULTS}/vocab/d2t.pt",
-        t2d=f"{RESULTS}/vocab/t2d.pt",
+        d2t=D2T,
+        t2d=T2D,
         coverage=f"{RESULTS}/vocab/coverage.json",
     params:
         draft_vocab_size=config["vocab"]["draft_vocab_size"],

@@ -1,5 +1,6 @@
 """Code fingerprints: what a rule's script reaches, and which edits make its artifacts stale."""
 
+import json
 import shutil
 
 from eaglenest.fingerprint import code_fingerprint, module_closure
@@ -40,3 +41,22 @@ def test_comments_whitespace_and_docstrings_do_not_count_but_code_does(tmp_path)
     module.write_text(source.replace("% num_shards", "% (num_shards + 1)"))
     assert code_fingerprint(root, "scripts/hidden_states.py") != before
     assert code_fingerprint(root, "scripts/vocab_map.py") == code_fingerprint(REPO, "scripts/vocab_map.py")
+
+
+def test_summary_cache_is_keyed_by_content_and_never_stale(tmp_path):
+    """The cache the Snakefile passes: same fingerprints as without it, and an edit to a cached
+    module still counts (its new source is a new key). A torn or foreign cache file is ignored."""
+    root = copy_repo(tmp_path / "repo")
+    cache = tmp_path / "cache" / "code_summaries.json"
+    uncached = code_fingerprint(root, "scripts/hidden_states.py")
+    assert code_fingerprint(root, "scripts/hidden_states.py", cache) == uncached
+    stored = json.loads(cache.read_text())
+    assert len(stored) == len(module_closure(root, "scripts/hidden_states.py"))
+    module = root / "eaglenest" / "shard_files.py"
+    module.write_text(module.read_text().replace("% num_shards", "% (num_shards + 1)"))
+    edited = code_fingerprint(root, "scripts/hidden_states.py", cache)
+    assert edited != uncached and edited == code_fingerprint(root, "scripts/hidden_states.py")
+    assert len(json.loads(cache.read_text())) == len(stored) + 1
+    other = tmp_path / "cache" / "fresh.json"
+    other.write_text('{"torn')
+    assert code_fingerprint(root, "scripts/hidden_states.py", other) == edited

@@ -1,10 +1,13 @@
 """The blackwell, slurm and kubernetes profiles: they load, plan every job with the right
 resources, and lint clean. Dry runs only (`-n -F`: every job planned whatever results/ holds)."""
 
+import json
+import pkgutil
 import re
 import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import yaml
@@ -24,9 +27,15 @@ EXPECTED_GPUS = {"generate_responses": TP, "hidden_states": TP, "train_drafter":
                  "evaluate_offline": 1}
 
 
-def snakemake(*args, cwd=REPO):
-    """This venv's Snakemake, run as a person would from the repository root."""
-    result = subprocess.run([sys.executable, "-m", "snakemake", *args], cwd=cwd, capture_output=True, text=True)
+# The cluster executors live in .venv-cluster (`make setup-cluster`), layered over this venv.
+CLUSTER_PYTHON = REPO / ".venv-cluster" / "bin" / "python"
+
+
+def snakemake(*args, python=sys.executable):
+    """Snakemake run as a person would from the repository root (a cluster profile: from
+    .venv-cluster)."""
+    assert Path(python).exists(), f"{python} is missing: run `make setup-cluster`"
+    result = subprocess.run([python, "-m", "snakemake", *args], cwd=REPO, capture_output=True, text=True)
     assert result.returncode == 0, f"snakemake {args} failed:\n{result.stdout}\n{result.stderr}"
     return result.stdout + result.stderr
 
@@ -67,6 +76,22 @@ def profile_args(profile, storage):
     return ["--profile", profile, *(a.format(storage=storage) for a in PROFILES[profile])]
 
 
+def python_for(profile):
+    return sys.executable if profile == "blackwell" else CLUSTER_PYTHON
+
+
+def test_cluster_executors_stay_out_of_the_workflow_venv():
+    """Snakemake imports every installed plugin on each call (the kubernetes client and pandas:
+    ~0.65 s of every dry run), so they live in .venv-cluster, which sees the workflow venv too."""
+    prefixes = ("snakemake_executor_plugin_", "snakemake_storage_plugin_")
+    assert [m.name for m in pkgutil.iter_modules() if m.name.startswith(prefixes)] == []
+    listed = subprocess.run([CLUSTER_PYTHON, "-c", "import json, pkgutil, eaglenest, torch\n"  # layered: sees both
+                             f"print(json.dumps(sorted(m.name for m in pkgutil.iter_modules() if m.name.startswith({prefixes}))))"],
+                            capture_output=True, text=True, check=True).stdout
+    assert json.loads(listed) == ["snakemake_executor_plugin_kubernetes", "snakemake_executor_plugin_slurm",
+                                  "snakemake_executor_plugin_slurm_jobstep", "snakemake_storage_plugin_fs"]
+
+
 def test_no_default_profile_applies_itself():
     """Snakemake applies profiles/default to every run, over --profile: there must be none."""
     assert not (REPO / "profiles" / "default").exists()
@@ -75,7 +100,8 @@ def test_no_default_profile_applies_itself():
 
 @pytest.mark.parametrize("profile", PROFILES)
 def test_profile_plans_every_job_with_its_gpus(profile, gpu_config, storage):
-    output = snakemake(*profile_args(profile, storage), "-n", "-F", "--configfile", "config.yaml", gpu_config)
+    output = snakemake(*profile_args(profile, storage), "-n", "-F", "--configfile", "config.yaml", gpu_config,
+                       python=python_for(profile))
     assert f"Using profile {profile} for setting default command line arguments" in output
     jobs = planned(output)
     assert {rule for rule, _ in jobs} >= GPU_RULES | CPU_STAGES | {"summary", "export_eagle", "all"}
@@ -99,7 +125,8 @@ def test_blackwell_caps_the_machine_and_cpu_stages_hold_no_gpu(gpu_config):
 
 
 def test_slurm_sends_gpu_jobs_to_gpu_nodes_and_cpu_stages_elsewhere(gpu_config):
-    jobs = planned(snakemake("--profile", "profiles/slurm", "-n", "-F", "--configfile", "config.yaml", gpu_config))
+    jobs = planned(snakemake("--profile", "profiles/slurm", "-n", "-F", "--configfile", "config.yaml", gpu_config,
+                             python=CLUSTER_PYTHON))
     for rule, resources in jobs:
         if rule in GPU_RULES:
             assert resources["slurm_partition"] == "gpu" and resources["gpu_model"] == "rtx_pro_6000", rule
@@ -112,7 +139,8 @@ def test_slurm_sends_gpu_jobs_to_gpu_nodes_and_cpu_stages_elsewhere(gpu_config):
 
 def test_kubernetes_gpu_jobs_name_their_manufacturer(gpu_config, storage):
     """The plugin refuses a job with a gpu resource (even 0) and no gpu_manufacturer."""
-    output = snakemake(*profile_args("profiles/kubernetes", storage), "-n", "-F", "--configfile", "config.yaml", gpu_config)
+    output = snakemake(*profile_args("profiles/kubernetes", storage), "-n", "-F", "--configfile", "config.yaml", gpu_config,
+                       python=CLUSTER_PYTHON)
     assert "(retrieve from storage)" in output  # inputs come through the storage provider
     for rule, resources in planned(output):
         assert ("gpu" in resources) == ("gpu_manufacturer" in resources) == (rule in GPU_RULES), (rule, resources)
@@ -129,7 +157,8 @@ def test_slurm_multi_node_training_builds_one_torchrun_per_node(tmp_path, gpu_co
     (tmp_path / "slurm2/config.yaml").write_text(yaml.safe_dump(settings))
     config = tmp_path / "nodes.yaml"
     config.write_text(yaml.safe_dump({"train": {"num_processes": 16}}))
-    output = snakemake("--profile", tmp_path / "slurm2", "-n", "-F", "--configfile", "config.yaml", gpu_config, config)
+    output = snakemake("--profile", tmp_path / "slurm2", "-n", "-F", "--configfile", "config.yaml", gpu_config, config,
+                       python=CLUSTER_PYTHON)
     train = dict(planned(output))["train_drafter"]
     assert (train["gpu"], train["nodes"], train["tasks"], train["mpi"]) == ("16", "2", "2", "srun")
     command = torchrun_command("args.json", int(train["gpu"]), int(train["nodes"]), train["mpi"], "node1:29500", "42")
@@ -151,5 +180,5 @@ def test_torchrun_on_one_node_is_standalone_and_bad_splits_are_refused():
 
 @pytest.mark.parametrize("profile", PROFILES)
 def test_lint_is_clean_with_the_profile(profile, storage):
-    output = snakemake(*profile_args(profile, storage), "--lint")
+    output = snakemake(*profile_args(profile, storage), "--lint", python=python_for(profile))
     assert "Congratulations, your workflow is in a good condition!" in output
