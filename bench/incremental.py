@@ -1,7 +1,8 @@
 """Benchmark: how long Snakemake takes to decide that nothing (or something) is stale, at scale.
 
 Two copies of the workflow on the same 10,000 samples, measured side by side: one with 1,000
-shards, one with the demo's 4. Each is built completely first; then, for each:
+shards, one with the demo's 4. Both are built completely first; then each measurement alternates
+between the two copies, REPEATS times, so that both columns see the same machine:
   dry run    `snakemake -n` with everything up to date
   no-op run  `snakemake --cores 2` with everything up to date
   append     dry run after one sample is appended, after `snakemake shard_samples` (exact plan)
@@ -29,7 +30,7 @@ sys.path.insert(0, str(REPO))
 
 from conftest import edit_config, new_workdir  # noqa: E402  (the tests' workflow copy, reused)
 from eaglenest.hidden_states import extract_with, load_target  # noqa: E402
-from eaglenest.shard_files import part_paths, read_part, write_shard_sum  # noqa: E402
+from eaglenest.shard_files import part_paths, read_part  # noqa: E402
 
 SAMPLES = 10_000
 REPEATS = 5
@@ -48,13 +49,10 @@ def snakemake(workdir, *args):
 
 
 def timed(workdir, *args):
-    """Median wall time of REPEATS runs of snakemake with `args`, and the last run's output."""
-    times = []
-    for _ in range(REPEATS):
-        start = time.monotonic()
-        result = snakemake(workdir, *args)
-        times.append(time.monotonic() - start)
-    return statistics.median(times), result.stdout + result.stderr
+    """Wall time of one snakemake run with `args`, and its output."""
+    start = time.monotonic()
+    result = snakemake(workdir, *args)
+    return time.monotonic() - start, result.stdout + result.stderr
 
 
 def bench_responses(workdir):
@@ -73,7 +71,6 @@ def extract_in_one_process(workdir, num_shards):
         part, _ = part_paths(results / "data/shards", shard)
         shard_path = results / f"hidden_states/shard_{shard:05d}.safetensors"
         extract_with(model, read_part(part), shard_path, aux_layer_ids=None, dtype="float32")
-        write_shard_sum(shard_path, results / f"hidden_states/shard_{shard:05d}.sum.json")
 
 
 def build(root, num_shards):
@@ -87,35 +84,44 @@ def build(root, num_shards):
     return workdir
 
 
-def measure(workdir):
-    dry, dry_out = timed(workdir, "-n")
-    noop, noop_out = timed(workdir)
-    assert "Nothing to be done" in dry_out and "Nothing to be done" in noop_out, (dry_out[-2000:], noop_out[-2000:])
-    raw = workdir / BENCH_CONFIG["data"]["raw_responses"]
-    first = json.loads(raw.read_text().splitlines()[0])
-    with open(raw, "a") as out:
-        out.write(json.dumps(first | {"id": "bench-appended"}) + "\n")
-    snakemake(workdir, "shard_samples")
-    start = time.monotonic()
-    plan = snakemake(workdir, "-n").stdout
-    append_dry = time.monotonic() - start
-    shards_planned = plan.count("rule hidden_states:")
-    return {"dry": dry, "noop": noop, "append_dry": append_dry, "shards_planned": shards_planned}
+def measure(workdirs):
+    """{num_shards: {figure: seconds (medians) or count}} for the built copies in `workdirs`."""
+    times = {n: {"dry": [], "noop": [], "append_dry": []} for n in workdirs}
+    for _ in range(REPEATS):
+        for args, key in [(["-n"], "dry"), ([], "noop")]:
+            for n, workdir in workdirs.items():
+                seconds, output = timed(workdir, *args)
+                assert "Nothing to be done" in output, output[-2000:]
+                times[n][key].append(seconds)
+    planned = {}
+    for n, workdir in workdirs.items():
+        raw = workdir / BENCH_CONFIG["data"]["raw_responses"]
+        first = json.loads(raw.read_text().splitlines()[0])
+        with open(raw, "a") as out:
+            out.write(json.dumps(first | {"id": "bench-appended"}) + "\n")
+        snakemake(workdir, "shard_samples")
+    for _ in range(REPEATS):
+        for n, workdir in workdirs.items():
+            seconds, output = timed(workdir, "-n")
+            times[n]["append_dry"].append(seconds)
+            planned[n] = output.count("rule hidden_states:")
+    return {n: {key: statistics.median(values) for key, values in figures.items()} | {"shards_planned": planned[n]}
+            for n, figures in times.items()}
 
 
 def main():
     torch.set_num_threads(1)
     with tempfile.TemporaryDirectory() as tmp:
-        figures = {}
+        workdirs = {}
         for num_shards in (1000, 4):
             root = Path(tmp) / f"shards{num_shards}"
             root.mkdir()
             start = time.monotonic()
-            workdir = build(root, num_shards)
+            workdirs[num_shards] = build(root, num_shards)
             print(f"built {num_shards} shards in {time.monotonic() - start:.0f} s", file=sys.stderr)
-            figures[num_shards] = measure(workdir)
+        figures = measure(workdirs)
     big, small = figures[1000], figures[4]
-    print(f"| {SAMPLES:,} samples | 1,000 shards | 4 shards | ratio |")
+    print(f"| {SAMPLES:,} samples, medians of {REPEATS} | 1,000 shards | 4 shards | ratio |")
     print("|---|---|---|---|")
     for key, label in [("dry", "`snakemake -n`, all up to date"), ("noop", "`snakemake`, all up to date (no-op)"),
                        ("append_dry", "`snakemake -n` after appending one sample (split done)")]:

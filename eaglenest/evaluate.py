@@ -19,8 +19,7 @@ import torch
 from eaglenest.atomic import write_json
 from eaglenest.drafter import shift_left
 from eaglenest.export import load_drafter
-from eaglenest.shard_files import check_shards
-from eaglenest.shards import ShardSamples
+from eaglenest.shards import ShardSamples, check_shards
 from eaglenest.train import collate, is_heldout, read_target_tensors
 
 log = logging.getLogger(__name__)

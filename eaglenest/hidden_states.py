@@ -17,8 +17,8 @@ import torch
 from safetensors import safe_open
 
 from eaglenest.atomic import write_json
-from eaglenest.shard_files import check_shard, read_part, write_shard_sum
-from eaglenest.shards import write_shard
+from eaglenest.shard_files import read_part
+from eaglenest.shards import check_shard, write_shard
 from eaglenest.stage import InputError
 from eaglenest.target import target_config
 
@@ -109,8 +109,8 @@ def extract_with(model, samples, shard_path, *, aux_layer_ids, dtype):
     return {"num_samples": len(rows), "num_tokens": tokens}
 
 
-def extract_shard_part(part_path, target_dir, shard_path, sum_path, *, backend, aux_layer_ids, dtype, device, vllm):
-    """The hidden_states stage for one shard: its part's samples, then the shard's checksum record.
+def extract_shard_part(part_path, target_dir, shard_path, *, backend, aux_layer_ids, dtype, device, vllm):
+    """The hidden_states stage for one shard: its part's samples, extracted into `shard_path`.
 
     backend "hf": transformers on `device`; "vllm": the target in vLLM with the `vllm` settings
     (tensor parallelism for targets one GPU cannot hold), see eaglenest/hidden_states_vllm.py.
@@ -120,28 +120,24 @@ def extract_shard_part(part_path, target_dir, shard_path, sum_path, *, backend, 
     if backend == "vllm":
         from eaglenest.hidden_states_vllm import extract_shard_vllm
 
-        stats = extract_shard_vllm(target_dir, samples, shard_path, aux_layer_ids=aux_layer_ids, dtype=dtype, vllm=vllm)
-    else:
-        stats = extract_shard(target_dir, samples, shard_path, aux_layer_ids=aux_layer_ids, dtype=dtype, device=device)
-    write_shard_sum(shard_path, sum_path)
-    return stats
+        return extract_shard_vllm(target_dir, samples, shard_path, aux_layer_ids=aux_layer_ids, dtype=dtype, vllm=vllm)
+    return extract_shard(target_dir, samples, shard_path, aux_layer_ids=aux_layer_ids, dtype=dtype, device=device)
 
 
-def write_manifest(shard_paths, sum_paths, target_dir, manifest_path, *, aux_layer_ids, dtype):
-    """manifest.json: what the shards hold, in which convention, and each file's sha256.
+def write_manifest(shard_paths, target_dir, manifest_path, *, aux_layer_ids, dtype):
+    """manifest.json: what the shards hold, in which convention, and each one's content sha256.
 
-    Each shard is first held against the checksum written when it was extracted, so a shard
+    Each shard is first held against the sha256 written into it when it was extracted, so a shard
     changed on disk since is removed (and re-extracted by the next run), never recorded as good.
     """
     config = target_config(target_dir)
     shards = []
-    for path, sum_path in zip(shard_paths, sum_paths):
-        record = json.loads(Path(sum_path).read_text())
-        check_shard(path, record["sha256"])
+    for path in shard_paths:
+        content_sha256 = check_shard(path)
         with safe_open(str(path), framework="pt") as f:
             sample_ids = json.loads(f.metadata()["sample_ids"])
             num_tokens = int(f.get_slice("input_ids").get_shape()[0])
-        shards.append({"file": Path(path).name, "sample_ids": sample_ids, "num_tokens": num_tokens, "sha256": record["sha256"]})
+        shards.append({"file": Path(path).name, "sample_ids": sample_ids, "num_tokens": num_tokens, "content_sha256": content_sha256})
     manifest = {
         "aux_layer_ids": resolve_aux_layer_ids(aux_layer_ids, config["num_hidden_layers"]),
         "final_state": FINAL_STATE_CONVENTION,

@@ -1,5 +1,5 @@
 """Shard bookkeeping that needs no torch (the Snakefile imports it): which sample goes to which
-shard, the per-shard slices of tokenized data, and the checksums that catch a corrupt shard.
+shard, and the per-shard slices of tokenized data. (Shards check themselves: eaglenest/shards.py.)
 
 Why per-shard slices: Snakemake reruns a job when an input is newer than its output. If every
 shard read tokenized_data.jsonl, appending one sample would re-extract every shard. Instead the
@@ -18,8 +18,7 @@ import json
 import os
 from pathlib import Path
 
-from eaglenest.atomic import atomic_dir, write_json
-from eaglenest.stage import InputError
+from eaglenest.atomic import atomic_dir
 
 
 def shard_of(sample_id, num_shards):
@@ -60,32 +59,3 @@ def read_part(path):
     """The tokenized samples of one part, in order."""
     with open(path, encoding="utf-8") as f:
         return [json.loads(line) for line in f]
-
-
-def write_shard_sum(shard_path, sum_path):
-    """Record the shard's sha256 and size as written, for later integrity checks."""
-    write_json(sum_path, {"file": Path(shard_path).name, "bytes": os.path.getsize(shard_path), "sha256": sha256_file(shard_path)})
-
-
-def check_shard(shard_path, sha256):
-    """Raise InputError, after removing the shard, if its bytes are not those extracted.
-
-    Removing it is what makes the next run re-extract exactly that shard; a corrupt shard is
-    never read by training.
-    """
-    actual = sha256_file(shard_path)
-    if actual != sha256:
-        os.unlink(shard_path)
-        raise InputError(
-            f"{shard_path}: sha256 {actual[:12]}... differs from the {sha256[:12]}... recorded when it was "
-            "extracted (corrupt on disk); removed it: run snakemake again to re-extract that shard only"
-        )
-
-
-def check_shards(shard_paths, manifest):
-    """check_shard for every shard against the sha256 the manifest recorded: before any reader."""
-    recorded = {shard["file"]: shard["sha256"] for shard in manifest["shards"]}
-    for path in shard_paths:
-        if Path(path).name not in recorded:
-            raise InputError(f"{path}: not in the manifest, so not extracted with these settings")
-        check_shard(path, recorded[Path(path).name])

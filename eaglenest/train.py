@@ -37,8 +37,7 @@ from eaglenest.atomic import atomic_dir, atomic_path, save_torch, write_json
 from eaglenest.drafter import Drafter, DrafterConfig, RMSNorm
 from eaglenest.export import read_checkpoint, write_drafter
 from eaglenest.fingerprint import code_fingerprint
-from eaglenest.shard_files import check_shards
-from eaglenest.shards import TENSOR_KEYS, ShardSamples
+from eaglenest.shards import TENSOR_KEYS, ShardSamples, check_shards
 from eaglenest.stage import InputError
 from eaglenest.target import target_architectures, target_config
 

@@ -29,7 +29,6 @@ SHARD_IDS = [f"{i:05d}" for i in range(config["hidden_states"]["num_shards"])]
 PARTS = f"{RESULTS}/data/shards"  # part_NNNNN.jsonl: the tokenized samples of a shard, .sha256: their digest
 HIDDEN = f"{RESULTS}/hidden_states"
 SHARD = f"{HIDDEN}/shard_{{shard}}.safetensors"
-SHARD_SUM = f"{HIDDEN}/shard_{{shard}}.sum.json"  # its sha256 and size as extracted
 SHARDS = expand(SHARD, shard=SHARD_IDS)
 MANIFEST = f"{HIDDEN}/manifest.json"
 D2T = f"{RESULTS}/vocab/d2t.pt"

@@ -25,7 +25,6 @@ rule hidden_states:
         target=TARGET,
     output:
         shard=SHARD,
-        sum=SHARD_SUM,
     wildcard_constraints:
         shard=r"\d{5}",
     params:
@@ -54,7 +53,6 @@ rule hidden_states:
 rule hidden_states_manifest:
     input:
         shards=SHARDS,
-        sums=expand(SHARD_SUM, shard=SHARD_IDS),
         target=TARGET,
     output:
         manifest=MANIFEST,

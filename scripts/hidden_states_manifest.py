@@ -6,7 +6,6 @@ run_stage(
     snakemake.threads,
     write_manifest,
     snakemake.input.shards,
-    snakemake.input.sums,
     snakemake.input.target,
     snakemake.output.manifest,
     aux_layer_ids=snakemake.params.aux_layer_ids,

@@ -2,6 +2,7 @@
 
 import pytest
 import torch
+from safetensors import safe_open
 
 from eaglenest.hidden_states import (
     default_aux_layer_ids,
@@ -10,7 +11,7 @@ from eaglenest.hidden_states import (
     resolve_aux_layer_ids,
     write_manifest,
 )
-from eaglenest.shard_files import sha256_file, shard_of, write_shard_sum
+from eaglenest.shard_files import shard_of
 from eaglenest.shards import read_shard
 from eaglenest.stage import InputError
 
@@ -54,12 +55,12 @@ def test_shard_contents_and_manifest(demo_target, extracted):
     assert [s["id"] for s in samples] == ["s1", "s2"]
     assert samples[1]["input_ids"].tolist() == SAMPLES[1]["input_ids"]
     assert samples[1]["loss_mask"].tolist() == [False, True, True]
-    sum_path = extracted.parent / "shard_00000.sum.json"
-    write_shard_sum(extracted, sum_path)
-    manifest = write_manifest([extracted], [sum_path], demo_target, extracted.parent / "manifest.json", aux_layer_ids=None, dtype="float32")
+    manifest = write_manifest([extracted], demo_target, extracted.parent / "manifest.json", aux_layer_ids=None, dtype="float32")
     assert manifest["aux_layer_ids"] == [2, 4, 5] and manifest["final_state"] == "pre_norm"
+    with safe_open(str(extracted), framework="pt") as f:
+        written = bytes(f.get_tensor("content_sha256").numpy()).hex()
     assert manifest["shards"] == [
-        {"file": extracted.name, "sample_ids": ["s1", "s2"], "num_tokens": 10, "sha256": sha256_file(extracted)}
+        {"file": extracted.name, "sample_ids": ["s1", "s2"], "num_tokens": 10, "content_sha256": written}
     ]
 
 

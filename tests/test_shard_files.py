@@ -4,16 +4,11 @@ import json
 import os
 
 import pytest
+import torch
 
 from eaglenest.atomic import atomic_path
-from eaglenest.shard_files import (
-    check_shards,
-    part_paths,
-    sha256_file,
-    shard_of,
-    split_tokenized,
-    write_shard_sum,
-)
+from eaglenest.shard_files import part_paths, sha256_file, shard_of, split_tokenized
+from eaglenest.shards import check_shard, check_shards, write_shard
 from eaglenest.stage import InputError
 
 
@@ -47,26 +42,38 @@ def test_appending_a_sample_changes_the_digest_of_its_shard_only(tmp_path):
     assert changed == [shard_of("s40", 4)]
 
 
-def test_a_changed_shard_is_found_by_sha256_and_removed(tmp_path):
-    shards = [tmp_path / f"shard_{i}.safetensors" for i in range(3)]
-    sums = [tmp_path / f"shard_{i}.sum.json" for i in range(3)]
-    for shard, sum_path in zip(shards, sums):
-        shard.write_bytes(os.urandom(1000))
-        write_shard_sum(shard, sum_path)
-    manifest = {"shards": [json.loads(s.read_text()) for s in sums]}
-    with open(shards[1], "r+b") as f:
-        f.truncate(600)
+def shard_sample(i, dtype):
+    return {"id": f"s{i}", "input_ids": torch.arange(5), "loss_mask": torch.ones(5, dtype=torch.bool),
+            "aux_hidden_states": torch.randn(5, 3 * 8).to(dtype), "final_hidden_states": torch.randn(5, 8).to(dtype)}
 
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_changed_shard_is_found_by_its_content_sha256_and_removed(tmp_path, dtype):
+    """Each shard carries the sha256 of its content; check_shard recomputes it in row blocks (the
+    block size must not matter), and a shard that fails is removed, whatever broke it."""
+    shards = [tmp_path / f"shard_{i}.safetensors" for i in range(4)]
+    for i, shard in enumerate(shards):
+        write_shard(shard, [shard_sample(2 * i, dtype), shard_sample(2 * i + 1, dtype)], hidden_size=8, dtype=dtype)
+    manifest = {"shards": [{"file": s.name, "content_sha256": check_shard(s, rows_per_block=3)} for s in shards]}
+    assert [check_shard(s) for s in shards] == [r["content_sha256"] for r in manifest["shards"]]
+    with open(shards[1], "r+b") as f:
+        f.truncate(shards[1].stat().st_size - 100)
     data = bytearray(shards[2].read_bytes())
-    data[500] ^= 0xFF  # same size, different bytes: only the checksum tells
+    header_size = int.from_bytes(data[:8], "little")
+    begin, end = json.loads(data[8 : 8 + header_size])["aux_hidden_states"]["data_offsets"]
+    data[8 + header_size + (begin + end) // 2] ^= 0x01  # same size, a flipped bit in a hidden state
     shards[2].write_bytes(bytes(data))
+    write_shard(shards[3], [shard_sample(0, dtype)], hidden_size=8, dtype=dtype)  # valid, but not what was recorded
+
     check_shards(shards[:1], manifest)
-    with pytest.raises(InputError, match=r"shard_1\.safetensors: sha256 .* differs .* run snakemake again"):
+    with pytest.raises(InputError, match=r"shard_1\.safetensors: sha256 of its content unreadable .* run snakemake again"):
         check_shards(shards, manifest)
     assert not shards[1].exists() and shards[2].exists()  # removed as found, in order
-    with pytest.raises(InputError, match=r"shard_2\.safetensors: sha256"):
+    with pytest.raises(InputError, match=r"shard_2\.safetensors: sha256 of its content .* differs .* written when it was extracted"):
         check_shards(shards[2:], manifest)
-    assert not shards[2].exists()
+    with pytest.raises(InputError, match=r"shard_3\.safetensors: sha256 of its content .* differs .* in the manifest"):
+        check_shards(shards[3:], manifest)
+    assert not shards[2].exists() and not shards[3].exists()
     with pytest.raises(InputError, match=r"shard_0\.safetensors: not in the manifest"):
         check_shards(shards[:1], {"shards": []})
 

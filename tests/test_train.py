@@ -21,7 +21,6 @@ from eaglenest.drafter import Drafter
 from eaglenest.evaluate import evaluate_offline
 from eaglenest.export import export_eagle, load_drafter, read_checkpoint, write_drafter
 from eaglenest.hidden_states import extract_shard, write_manifest
-from eaglenest.shard_files import write_shard_sum
 from eaglenest.shards import read_shard, write_shard
 from eaglenest.stage import InputError
 from eaglenest.train import TargetHead, is_heldout, run_key, train_drafter
@@ -54,11 +53,9 @@ def data(tmp_path_factory):
         for i, row in enumerate(ids)
     ]
     shards = [root / "shard_0.safetensors", root / "shard_1.safetensors"]
-    sums = [root / "shard_0.sum.json", root / "shard_1.sum.json"]
-    for shard, sum_path, part in zip(shards, sums, (samples[:24], samples[24:])):
+    for shard, part in zip(shards, (samples[:24], samples[24:])):
         extract_shard(root / "target", part, shard, aux_layer_ids=None, dtype="float32", device="cpu")
-        write_shard_sum(shard, sum_path)
-    write_manifest(shards, sums, root / "target", root / "manifest.json", aux_layer_ids=None, dtype="float32")
+    write_manifest(shards, root / "target", root / "manifest.json", aux_layer_ids=None, dtype="float32")
     d2t, t2d = draft_maps(select_draft_vocab(count_tokens(samples, V), N), V)
     save_torch(root / "d2t.pt", d2t)
     save_torch(root / "t2d.pt", t2d)
@@ -203,10 +200,9 @@ def test_offline_eval_oracle_counts(data, tmp_path):
         "id": "oracle", "input_ids": ids, "loss_mask": torch.tensor([0, 0, 1, 1, 1, 1, 1, 1]).bool(),
         "aux_hidden_states": torch.randn(8, 3 * 128), "final_hidden_states": torch.randn(8, 128),
     }
-    shard, sum_path = tmp_path / "oracle.safetensors", tmp_path / "oracle.sum.json"
+    shard = tmp_path / "oracle.safetensors"
     write_shard(shard, [sample], hidden_size=128, dtype=torch.float32)
-    write_shard_sum(shard, sum_path)
-    write_manifest([shard], [sum_path], root / "target", tmp_path / "manifest.json", aux_layer_ids=None, dtype="float32")
+    write_manifest([shard], root / "target", tmp_path / "manifest.json", aux_layer_ids=None, dtype="float32")
     metrics = evaluate_offline([shard], tmp_path / "manifest.json", tmp_path / "d",
                                root / "target", tmp_path / "eval.json", heldout_fraction=1.0,
                                num_speculative_tokens=K)
