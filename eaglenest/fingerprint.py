@@ -60,37 +60,41 @@ def _store(cache_path, summaries):
     os.replace(tmp, cache_path)
 
 
-def _summary(path, cache_path):
-    source = Path(path).read_bytes()
-    key = hashlib.sha256(source).hexdigest()
-    summaries = _cache(cache_path) if cache_path else {}
-    if key not in summaries:
-        summaries[key] = summarize(source)
-        if cache_path:
-            _store(cache_path, summaries)
-    return summaries[key]
-
-
-def module_closure(root, script, cache_path=None):
-    """Files of `script` and of every eaglenest module it reaches, sorted, relative to `root`."""
+def _closure(root, script, summaries):
+    """{path relative to `root`: summary} of `script` and every eaglenest module it reaches; new
+    summaries are added to `summaries`, keyed by the sha256 of the source."""
     root = Path(root)
-    todo, seen = [Path(script)], set()
+    todo, found = [Path(script)], {}
     while todo:
         path = todo.pop()
-        if path in seen:
+        if path in found:
             continue
-        seen.add(path)
-        for name in _summary(root / path, cache_path)[1]:
+        source = (root / path).read_bytes()
+        key = hashlib.sha256(source).hexdigest()
+        if key not in summaries:
+            summaries[key] = summarize(source)
+        found[path] = summaries[key]
+        for name in found[path][1]:
             candidate = Path(*name.split(".")).with_suffix(".py")
             if (root / candidate).is_file():
                 todo.append(candidate)
-    return sorted(seen)
+    return found
+
+
+def module_closure(root, script):
+    """Files of `script` and of every eaglenest module it reaches, sorted, relative to `root`."""
+    return sorted(_closure(root, script, {}))
 
 
 def code_fingerprint(root, script, cache_path=None):
     """sha256 over the docstring-free ASTs of `script` and its eaglenest import closure; module
     summaries are cached in `cache_path` (a JSON file) when one is given."""
+    summaries = _cache(cache_path) if cache_path else {}
+    known = len(summaries)
+    closure = _closure(root, script, summaries)
+    if cache_path and len(summaries) > known:
+        _store(cache_path, summaries)
     digest = hashlib.sha256()
-    for path in module_closure(root, script, cache_path):
-        digest.update(f"{path}\0{_summary(Path(root) / path, cache_path)[0]}\0".encode())
+    for path in sorted(closure):
+        digest.update(f"{path}\0{closure[path][0]}\0".encode())
     return digest.hexdigest()

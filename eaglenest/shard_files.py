@@ -15,7 +15,6 @@ after the split has run, within the same invocation.
 
 import hashlib
 import json
-import os
 from pathlib import Path
 
 from eaglenest.atomic import atomic_dir

@@ -131,7 +131,7 @@ def test_slurm_sends_gpu_jobs_to_gpu_nodes_and_cpu_stages_elsewhere(gpu_config):
         if rule in GPU_RULES:
             assert resources["slurm_partition"] == "gpu" and resources["gpu_model"] == "rtx_pro_6000", rule
             assert int(resources["cpus_per_gpu"]) > 0 and int(resources["runtime"]) > 0, rule
-            assert int(resources["mem_mb"]) >= 64000, rule
+            assert int(resources["mem_mb"]) >= (64000 if rule == "evaluate_offline" else 256000), rule  # a drafter, not the target
         else:
             assert resources["slurm_partition"] == "cpu" and "gpu_model" not in resources, rule
             assert int(resources["runtime"]) > 0 and int(resources["mem_mb"]) > 0, rule
