@@ -29,8 +29,8 @@ sys.path.insert(0, str(REPO / "tests"))
 sys.path.insert(0, str(REPO))
 
 from conftest import edit_config, new_workdir  # noqa: E402  (the tests' workflow copy, reused)
-from eaglenest.hidden_states import extract_with, load_target  # noqa: E402
-from eaglenest.shard_files import part_paths, read_part  # noqa: E402
+from eaglenest.states.hf import extract_with, load_target  # noqa: E402
+from eaglenest.states.parts import part_paths, read_part  # noqa: E402
 
 SAMPLES = 10_000
 REPEATS = 5

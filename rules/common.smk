@@ -8,9 +8,9 @@ from snakemake.exceptions import WorkflowError
 # Snakemake puts the scripts folder on their path): never an installed copy of another checkout.
 sys.path.insert(0, workflow.basedir)
 
-from eaglenest.configuration import validate_config
-from eaglenest.fingerprint import code_fingerprint
-from eaglenest.shard_files import part_paths
+from eaglenest.workflow.config import validate_config
+from eaglenest.workflow.fingerprint import code_fingerprint
+from eaglenest.states.parts import part_paths
 
 try:
     validate_config(config, workflow.source_path("../schemas/config.schema.yaml"))

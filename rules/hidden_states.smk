@@ -1,6 +1,6 @@
 # Target hidden states, one job per shard. Samples go to shards by a hash of their id; the
 # shard_samples checkpoint splits the tokenized data per shard so that a shard is re-extracted
-# only when its own samples change (see eaglenest/shard_files.py for how).
+# only when its own samples change (see eaglenest/states/parts.py for how).
 
 
 checkpoint shard_samples:

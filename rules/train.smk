@@ -3,8 +3,8 @@
 
 
 # Paths, not rules.vocab_map.output: Snakemake 9.27 hashes a rule's whole list input once per
-# file when the rule also references another rule's output, which with 1,000 shards costs every
-# dry run 0.13 s.
+# file when the rule also references another rule's output, a cost every dry run pays at 1,000
+# shards (BENCHMARKS.md).
 rule train_drafter:
     input:
         shards=SHARDS,
@@ -26,7 +26,7 @@ rule train_drafter:
     threads: lambda wildcards: workflow.cores
     resources:
         # a GPU per DDP process unless training on CPU: what the machine's `--resources gpu=N`,
-        # the lease (eaglenest/gpu_lease.py) and a cluster count. Multi-node (SLURM): `nodes` and
+        # the lease (eaglenest/workflow/gpu_lease.py) and a cluster count. Multi-node (SLURM): `nodes` and
         # `mpi` (the launcher that starts torchrun on each node) come from the profile.
         gpu=0 if config["train"]["device"] == "cpu" else config["train"]["num_processes"],
     conda:

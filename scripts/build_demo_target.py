@@ -1,5 +1,5 @@
-from eaglenest.demo_target import build_demo_target
-from eaglenest.stage import run_stage
+from eaglenest.demo.target import build_demo_target
+from eaglenest.workflow.stage import run_stage
 
 run_stage(
     snakemake.log[0],

@@ -1,5 +1,5 @@
-from eaglenest.check import check_drafter
-from eaglenest.stage import run_stage
+from eaglenest.drafter.check import check_drafter
+from eaglenest.workflow.stage import run_stage
 
 run_stage(
     snakemake.log[0],

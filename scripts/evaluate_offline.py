@@ -1,5 +1,5 @@
-from eaglenest.evaluate import evaluate_offline
-from eaglenest.stage import run_stage
+from eaglenest.evaluate.offline import evaluate_offline
+from eaglenest.workflow.stage import run_stage
 
 run_stage(
     snakemake.log[0],

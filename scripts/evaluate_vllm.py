@@ -1,5 +1,5 @@
-from eaglenest.evaluate_vllm import evaluate_vllm
-from eaglenest.stage import run_stage
+from eaglenest.evaluate.online import evaluate_vllm
+from eaglenest.workflow.stage import run_stage
 
 if __name__ == "__main__":  # vLLM starts worker processes that import this file again
     run_stage(

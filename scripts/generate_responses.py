@@ -1,5 +1,5 @@
-from eaglenest.generate import generate_responses
-from eaglenest.stage import run_stage
+from eaglenest.data.generate import generate_responses
+from eaglenest.workflow.stage import run_stage
 
 if __name__ == "__main__":  # vLLM starts worker processes that import this file again
     run_stage(

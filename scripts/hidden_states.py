@@ -1,5 +1,5 @@
-from eaglenest.hidden_states import extract_shard_part
-from eaglenest.stage import run_stage
+from eaglenest.states.extract import extract_shard_part
+from eaglenest.workflow.stage import run_stage
 
 if __name__ == "__main__":  # the vLLM backend starts processes that may import this file again
     run_stage(

@@ -1,5 +1,5 @@
-from eaglenest.hidden_states import write_manifest
-from eaglenest.stage import run_stage
+from eaglenest.states.manifest import write_manifest
+from eaglenest.workflow.stage import run_stage
 
 run_stage(
     snakemake.log[0],

@@ -1,5 +1,5 @@
-from eaglenest.shard_files import split_tokenized
-from eaglenest.stage import run_stage
+from eaglenest.states.parts import split_tokenized
+from eaglenest.workflow.stage import run_stage
 
 run_stage(
     snakemake.log[0],

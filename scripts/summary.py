@@ -1,5 +1,5 @@
-from eaglenest.stage import run_stage
-from eaglenest.summary import write_summary
+from eaglenest.workflow.stage import run_stage
+from eaglenest.evaluate.summary import write_summary
 
 run_stage(
     snakemake.log[0],

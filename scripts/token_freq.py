@@ -1,5 +1,5 @@
-from eaglenest.stage import run_stage
-from eaglenest.vocab import token_freq
+from eaglenest.workflow.stage import run_stage
+from eaglenest.data.vocab import token_freq
 
 run_stage(
     snakemake.log[0],

@@ -1,5 +1,5 @@
-from eaglenest.stage import run_stage
-from eaglenest.tokenization import tokenize_file
+from eaglenest.workflow.stage import run_stage
+from eaglenest.data.tokenize import tokenize_file
 
 run_stage(
     snakemake.log[0],

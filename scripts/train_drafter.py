@@ -1,5 +1,5 @@
-from eaglenest.stage import run_stage
-from eaglenest.train import train_drafter
+from eaglenest.workflow.stage import run_stage
+from eaglenest.train.loop import train_drafter
 
 run_stage(
     snakemake.log[0],

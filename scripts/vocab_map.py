@@ -1,5 +1,5 @@
-from eaglenest.stage import run_stage
-from eaglenest.vocab import vocab_map
+from eaglenest.workflow.stage import run_stage
+from eaglenest.data.vocab import vocab_map
 
 run_stage(
     snakemake.log[0],

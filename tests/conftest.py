@@ -10,7 +10,7 @@ import pytest
 import torch
 import yaml
 
-from eaglenest.demo_target import build_demo_target
+from eaglenest.demo.target import build_demo_target
 
 REPO = Path(__file__).resolve().parents[1]
 DEMO_CORPUS = REPO / "resources" / "demo" / "corpus.jsonl"

@@ -7,8 +7,8 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from eaglenest.check import check_drafter
-from eaglenest.stage import InputError
+from eaglenest.drafter.check import check_drafter
+from eaglenest.workflow.errors import InputError
 
 
 @pytest.fixture

@@ -8,8 +8,8 @@ import torch
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from eaglenest.demo_data import generate_records, write_jsonl
-from eaglenest.demo_target import SPECIAL_TOKENS, build_demo_target
+from eaglenest.demo.data import generate_records, write_jsonl
+from eaglenest.demo.target import SPECIAL_TOKENS, build_demo_target
 
 # Fast settings: the default geometry (the one vLLM runs), fewer and shorter steps.
 FAST = dict(seed=0, seq_len=128, batch_size=8, steps=40, lr=3e-3)

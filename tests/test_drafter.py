@@ -11,8 +11,9 @@ from safetensors import safe_open
 from transformers import LlamaConfig
 from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding, apply_rotary_pos_emb
 
-from eaglenest.drafter import Drafter, DrafterConfig, apply_rope, repeat_kv
-from eaglenest.export import export_eagle, load_drafter, read_checkpoint, write_drafter
+from eaglenest.drafter.model import Drafter, DrafterConfig, apply_rope, repeat_kv
+from eaglenest.drafter.export import export_eagle, write_drafter
+from eaglenest.drafter.load import load_drafter, read_checkpoint
 
 V, N, H = 96, 40, 128
 

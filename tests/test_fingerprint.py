@@ -3,7 +3,7 @@
 import json
 import shutil
 
-from eaglenest.fingerprint import code_fingerprint, module_closure
+from eaglenest.workflow.fingerprint import code_fingerprint, module_closure
 
 from conftest import REPO
 
@@ -17,23 +17,28 @@ def copy_repo(tmp_path):
 def test_closure_follows_eaglenest_imports_only():
     closure = [str(p) for p in module_closure(REPO, "scripts/tokenize.py")]
     assert closure == [
-        "eaglenest/atomic.py",
-        "eaglenest/conversations.py",
-        "eaglenest/gpu_lease.py",
-        "eaglenest/records.py",
-        "eaglenest/stage.py",
-        "eaglenest/target_tokenizer.py",
-        "eaglenest/tokenization.py",
+        "eaglenest/__init__.py",
+        "eaglenest/data/__init__.py",
+        "eaglenest/data/prompts.py",
+        "eaglenest/data/records.py",
+        "eaglenest/data/tokenize.py",
+        "eaglenest/data/tokenizer.py",
+        "eaglenest/workflow/__init__.py",
+        "eaglenest/workflow/atomic.py",
+        "eaglenest/workflow/errors.py",
+        "eaglenest/workflow/gpu_lease.py",
+        "eaglenest/workflow/jsonl.py",
+        "eaglenest/workflow/stage.py",
         "scripts/tokenize.py",
     ]
     # generation renders prompts like tokenize but never reads response records
-    assert "eaglenest/records.py" not in [str(p) for p in module_closure(REPO, "scripts/generate_responses.py")]
-    assert "eaglenest/tokenization.py" not in [str(p) for p in module_closure(REPO, "scripts/build_demo_target.py")]
+    assert "eaglenest/data/records.py" not in [str(p) for p in module_closure(REPO, "scripts/generate_responses.py")]
+    assert "eaglenest/data/tokenize.py" not in [str(p) for p in module_closure(REPO, "scripts/build_demo_target.py")]
 
 
 def test_comments_whitespace_and_docstrings_do_not_count_but_code_does(tmp_path):
     root = copy_repo(tmp_path)
-    module = root / "eaglenest" / "shard_files.py"
+    module = root / "eaglenest" / "states" / "parts.py"
     before = code_fingerprint(root, "scripts/hidden_states.py")
     source = module.read_text()
     module.write_text(source.replace('"""Shard index', '"""Shard  index (typo fixed)').replace("\n\n\ndef ", "\n\n\n# note\n\ndef ") + "\n\n")
@@ -52,7 +57,7 @@ def test_summary_cache_is_keyed_by_content_and_never_stale(tmp_path):
     assert code_fingerprint(root, "scripts/hidden_states.py", cache) == uncached
     stored = json.loads(cache.read_text())
     assert len(stored) == len(module_closure(root, "scripts/hidden_states.py"))
-    module = root / "eaglenest" / "shard_files.py"
+    module = root / "eaglenest" / "states" / "parts.py"
     module.write_text(module.read_text().replace("% num_shards", "% (num_shards + 1)"))
     edited = code_fingerprint(root, "scripts/hidden_states.py", cache)
     assert edited != uncached and edited == code_fingerprint(root, "scripts/hidden_states.py")

@@ -4,10 +4,10 @@ import json
 
 import pytest
 
-from eaglenest.conversations import read_prompts
-from eaglenest.generate import split_completion
-from eaglenest.stage import InputError
-from eaglenest.target_tokenizer import Tokenizer
+from eaglenest.data.prompts import read_prompts
+from eaglenest.data.generate import split_completion
+from eaglenest.workflow.errors import InputError
+from eaglenest.data.tokenizer import Tokenizer
 
 THINK_END, EOT = 6, 0
 

@@ -5,14 +5,13 @@ import logging
 import os
 import subprocess
 import sys
-import textwrap
 import time
 
 import pytest
 
 from conftest import REPO
-from eaglenest.gpu_lease import gpu_ids, gpu_lease
-from eaglenest.stage import run_stage
+from eaglenest.workflow.gpu_lease import gpu_ids, gpu_lease
+from eaglenest.workflow.stage import run_stage
 
 IDS = "0,1,2,3,4,5,6,7"
 JOBS = {"g1_a": 1, "g1_b": 1, "g1_c": 1, "g1_d": 1, "g2_a": 2, "g2_b": 2, "g2_c": 2, "g4_a": 4, "g4_b": 4,
@@ -23,7 +22,7 @@ JOBS = {"g1_a": 1, "g1_b": 1, "g1_c": 1, "g1_d": 1, "g2_a": 2, "g2_b": 2, "g2_c"
 JOB = """
 import json, os, signal, sys, time
 from pathlib import Path
-from eaglenest.gpu_lease import gpu_lease
+from eaglenest.workflow.gpu_lease import gpu_lease
 
 name, gpus, out = sys.argv[1], int(sys.argv[2]), Path(sys.argv[3])
 with gpu_lease(gpus, poll_s=0.05, timeout_s=20) as ids:
@@ -90,7 +89,7 @@ def test_concurrent_snakemake_jobs_never_share_a_device_and_a_killed_job_frees_i
 def test_a_lease_waits_while_the_devices_are_held_and_a_killed_holder_frees_them(tmp_path, monkeypatch, caplog):
     env = fake_devices(tmp_path)
     holder = subprocess.Popen(
-        [sys.executable, "-c", "import time; from eaglenest.gpu_lease import gpu_lease\n"
+        [sys.executable, "-c", "import time; from eaglenest.workflow.gpu_lease import gpu_lease\n"
                                "with gpu_lease(6) as ids:\n    print(','.join(ids), flush=True); time.sleep(60)"],
         env=env, stdout=subprocess.PIPE, text=True,
     )
@@ -100,7 +99,7 @@ def test_a_lease_waits_while_the_devices_are_held_and_a_killed_holder_frees_them
         environ = {"EAGLENEST_GPU_IDS": IDS, "EAGLENEST_GPU_LOCK_DIR": env["EAGLENEST_GPU_LOCK_DIR"]}
         with gpu_lease(2, environ=environ, timeout_s=5) as ids:  # the two the holder left
             assert ids == ["6", "7"] and environ["CUDA_VISIBLE_DEVICES"] == "6,7"
-        caplog.set_level(logging.INFO, logger="eaglenest.gpu_lease")
+        caplog.set_level(logging.INFO, logger="eaglenest.workflow.gpu_lease")
         with pytest.raises(TimeoutError):
             with gpu_lease(3, environ=environ, poll_s=0.05, timeout_s=0.3):
                 pass

@@ -4,16 +4,12 @@ import pytest
 import torch
 from safetensors import safe_open
 
-from eaglenest.hidden_states import (
-    default_aux_layer_ids,
-    extract_shard,
-    load_target,
-    resolve_aux_layer_ids,
-    write_manifest,
-)
-from eaglenest.shard_files import shard_of
-from eaglenest.shards import read_shard
-from eaglenest.stage import InputError
+from eaglenest.states.convention import default_aux_layer_ids, resolve_aux_layer_ids
+from eaglenest.states.hf import extract_shard, load_target
+from eaglenest.states.manifest import write_manifest
+from eaglenest.states.parts import shard_of
+from eaglenest.states.shards import read_shard
+from eaglenest.workflow.errors import InputError
 
 SAMPLES = [
     {"id": "s1", "input_ids": [5, 17, 30, 41, 7, 99, 3], "loss_mask": [0, 0, 0, 1, 1, 1, 1]},

@@ -18,10 +18,10 @@ import pytest
 import torch
 from safetensors import safe_open
 
-from eaglenest.hidden_states import extract_shard, load_target
-from eaglenest.hidden_states_vllm import extract_shard_vllm, stitch
-from eaglenest.shards import read_shard
-from eaglenest.target import target_config
+from eaglenest.states.hf import extract_shard, load_target
+from eaglenest.states.vllm_extract import extract_shard_vllm, stitch
+from eaglenest.states.shards import read_shard
+from eaglenest.data.target import target_config
 from tiny_deepseek import build_tiny_deepseek
 
 LENGTHS = [1, 7, 40, 130, 3, 512]  # one token, short, several 32-token chunks, as long as max_model_len
@@ -54,7 +54,7 @@ def run_both(target_dir, out_dir, vllm, env):
     hf, vl = out_dir / "hf.safetensors", out_dir / "vllm.safetensors"
     extract_shard(target_dir, samples, hf, aux_layer_ids=None, dtype="float32", device="cpu")
     records = Records()
-    logger = logging.getLogger("eaglenest.hidden_states_vllm")
+    logger = logging.getLogger("eaglenest.states.vllm_extract")
     logger.addHandler(records)
     level = logger.level
     logger.setLevel(logging.INFO)

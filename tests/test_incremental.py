@@ -15,7 +15,7 @@ import time
 import pytest
 
 from conftest import REPO, edit_config, planned, snakemake
-from eaglenest.shard_files import shard_of
+from eaglenest.states.parts import shard_of
 
 MANIFEST = "results/hidden_states/manifest.json"
 RAW = "results/responses/raw_responses.jsonl"

@@ -13,7 +13,7 @@ import pytest
 import yaml
 
 from conftest import REPO
-from eaglenest.train import torchrun_command
+from eaglenest.train.launch import torchrun_command
 
 GPU_RULES = {"generate_responses", "hidden_states", "train_drafter", "evaluate_vllm", "evaluate_offline"}
 CPU_STAGES = {"tokenize", "token_freq", "vocab_map"}  # run beside GPU jobs: they hold no GPU

@@ -4,8 +4,8 @@ import json
 
 import pytest
 
-from eaglenest.records import read_records
-from eaglenest.stage import InputError
+from eaglenest.data.records import read_records
+from eaglenest.workflow.errors import InputError
 
 GOOD = {
     "id": "a",

@@ -6,10 +6,10 @@ import os
 import pytest
 import torch
 
-from eaglenest.atomic import atomic_path
-from eaglenest.shard_files import part_paths, sha256_file, shard_of, split_tokenized
-from eaglenest.shards import check_shard, check_shards, write_shard
-from eaglenest.stage import InputError
+from eaglenest.workflow.atomic import atomic_path
+from eaglenest.states.parts import part_paths, sha256_file, shard_of, split_tokenized
+from eaglenest.states.shards import check_shard, check_shards, write_shard
+from eaglenest.workflow.errors import InputError
 
 
 def sample(i):

