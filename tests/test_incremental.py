@@ -227,9 +227,9 @@ def test_readme_rebuilding_commands_do_what_they_say(workdir):
 @pytest.mark.parametrize(
     "module, reruns",
     [
-        ("vocab.py", {"token_freq", "vocab_map"} | DOWNSTREAM_OF_TRAINING),
-        ("summary.py", {"summary", "all"}),
-        ("demo_data.py", set()),  # builds resources/demo; no rule imports it
+        ("data/vocab.py", {"token_freq", "vocab_map"} | DOWNSTREAM_OF_TRAINING),
+        ("evaluate/summary.py", {"summary", "all"}),
+        ("demo/data.py", set()),  # builds resources/demo; no rule imports it
     ],
 )
 def test_a_code_edit_plans_the_rules_that_import_the_module_and_their_downstream(workdir, module, reruns):

@@ -271,7 +271,7 @@ def test_init_from_trained_on_other_aux_layers_is_refused(data, trained, tmp_pat
 STEPS = 60
 SMALL = dict(max_steps=STEPS, batch_size=3, heldout_fraction=0.25, device="cpu")
 # The job as the rule's script runs it: run_stage (log file, one thread) around train_drafter.
-JOB = ("import json, sys; from eaglenest.stage import run_stage; from eaglenest.train import train_drafter; "
+JOB = ("import json, sys; from eaglenest.workflow.stage import run_stage; from eaglenest.train.loop import train_drafter; "
        "args, kwargs = json.load(open(sys.argv[1])); run_stage(sys.argv[2], 1, train_drafter, *args, **kwargs)")
 # Max abs weight difference allowed from the one-process run (weights are of order 0.1-1). One
 # process resumed: the same float operations (measured: 0). DDP: two half batches, each padded

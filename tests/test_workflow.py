@@ -41,7 +41,7 @@ def test_story1_one_run_builds_every_artifact_then_nothing_is_stale(built, tmp_p
 
 
 def test_story2_a_fix_in_tokenization_code_rebuilds_tokenize_and_keeps_unchanged_shards(workdir):
-    module = workdir / "eaglenest" / "records.py"  # imported by the tokenize stage only
+    module = workdir / "eaglenest" / "data" / "records.py"  # imported by the tokenize stage only
     module.write_text(module.read_text().replace('FINISH_REASONS = ("stop", "length")', 'FINISH_REASONS = ("stop", "length", "abort")'))
     plan = planned(workdir)  # before the split has run, every shard is a candidate
     assert set(plan) - {"all"} == ALL_RULES - {"all"} and plan["hidden_states"] == 3
@@ -58,10 +58,13 @@ def test_story2_a_fix_in_tokenization_code_rebuilds_tokenize_and_keeps_unchanged
     assert planned(workdir) == {}
 
 
-@pytest.mark.parametrize("module", ["tokenization.py", "hidden_states.py", "shards.py"])
+@pytest.mark.parametrize("module", ["data/tokenize.py", "states/hf.py", "states/shards.py"])
 def test_comment_and_whitespace_edits_rebuild_nothing(workdir, module):
     path = workdir / "eaglenest" / module
-    path.write_text(path.read_text().replace("import json\n", "import json  # a comment\n\n").replace("\n\n\ndef ", "\n\n\n# note\n\n\ndef "))
+    source = path.read_text()
+    edited = re.sub(r"^(import \w+)$", r"\1  # a comment\n", source, count=1, flags=re.M).replace("\n\n\ndef ", "\n\n\n# note\n\n\ndef ")
+    assert edited.count("# a comment") == 1 and "# note" in edited
+    path.write_text(edited)
     assert planned(workdir) == {}
 
 

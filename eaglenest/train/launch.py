@@ -21,7 +21,7 @@ log = logging.getLogger(__name__)
 PRCTL = ctypes.CDLL(None).prctl if sys.platform == "linux" else None  # resolved before any fork
 PR_SET_PDEATHSIG = 1
 RDZV_PORT = 29500  # multi-node: torchrun's rendezvous on the node that launches the others
-WORKER_MODULE = "eaglenest.train.worker"  # what each torchrun process runs
+WORKER_MODULE = "eaglenest.train"  # what each torchrun process runs: eaglenest/train/__main__.py
 
 
 def die_with_parent():
@@ -57,7 +57,7 @@ def torchrun_command(arguments_path, num_processes, nnodes=1, launcher="", rdzv_
 
 def launch_workers(arguments):
     """Run train_drafter in num_processes processes with torchrun, on this node or spread evenly
-    over `nnodes` nodes (see torchrun_command), each running `python -m eaglenest.train.worker ARGS`.
+    over `nnodes` nodes (see torchrun_command), each running `python -m eaglenest.train ARGS`.
     The workers' output goes to this process's log."""
     # beside the log: on the file system the job writes to (a multi-node one shares it), and
     # replaced, not piled up, by a rerun after a kill

@@ -1,12 +1,6 @@
 """The training loop: an EAGLE-3 drafter trained on packed hidden-state shards with
 training-time test (TTT; the loss: eaglenest.train.loss, docs/CONVENTIONS.md "Drafter").
 
-Per position p the target's distribution over the next token is
-softmax(lm_head(norm(final_hidden_state[p]))) restricted to the draft vocab (t2d) and
-renormalised. TTT step k at anchor t predicts x_{t+k+2}, so it learns from the distribution
-at p = t+k+1 by soft cross-entropy, weighted step_weight_decay**k, on positions where
-x_{t+k+2} was generated (loss_mask), exists, and is the target's argmax inside the draft vocab.
-
 The sample order is a pure function of (seed, epoch) and the loop state is (drafter,
 optimizer, scheduler, RNG, Progress), so a killed run resumes from its last periodic
 checkpoint (eaglenest.train.resume: restore them, skip the epoch's done batches) and ends as an

@@ -1,4 +1,11 @@
-"""The training-time-test loss (docs/CONVENTIONS.md, "Drafter")."""
+"""The training-time-test loss (docs/CONVENTIONS.md, "Drafter").
+
+Per position p the target's distribution over the next token is
+softmax(lm_head(norm(final_hidden_state[p]))) restricted to the draft vocab (t2d) and
+renormalised. TTT step k at anchor t predicts x_{t+k+2}, so it learns from the distribution
+at p = t+k+1 by soft cross-entropy, weighted step_weight_decay**k, on positions where
+x_{t+k+2} was generated (loss_mask), exists, and is the target's argmax inside the draft vocab.
+"""
 
 import torch
 import torch.distributed as dist

@@ -1,4 +1,5 @@
-"""torchrun's entry: one DDP process of train_drafter (started by eaglenest.train.launch)."""
+"""torchrun's entry, `python -m eaglenest.train ARGS.json`: one DDP process of train_drafter
+(started by eaglenest.train.launch)."""
 
 import json
 import logging
