@@ -22,8 +22,8 @@ $(VENV)/.installed: pyproject.toml
 
 # The cluster executors (the `cluster` extra) get their own venv, layered over .venv (whose
 # packages it sees through a .pth file) and filled by .venv's pip: Snakemake imports every
-# installed plugin on each call, and the kubernetes client and pandas would add ~0.65 s to every
-# `snakemake` run in .venv. (--no-warn-conflicts: pip would report the torchvision and torchaudio
+# installed plugin on each call, and the kubernetes client and pandas would slow every `snakemake`
+# run in .venv (BENCHMARKS.md). (--no-warn-conflicts: pip would report the torchvision and torchaudio
 # removed from .venv above.)
 $(CLUSTER_VENV)/.installed: $(VENV)/.installed
 	python3 -m venv --without-pip $(CLUSTER_VENV)

@@ -11,13 +11,23 @@ interpreter start and a torch import: ~50 min on 2 cores) and then registered wi
 `snakemake --touch`, which records Snakemake's metadata exactly as a run does; every other stage
 runs as usual. Targets (issue 4): dry run < 5 s, no-op < 10 s on 2 cores.
 
-    .venv/bin/python bench/incremental.py            # ~15 min on 2 cores; prints a Markdown table
+With --against REV the two copies both have 1,000 shards: one runs this checkout's code, the other
+the same results with git revision REV's workflow code swapped in (registered with `snakemake
+--touch`). That compares the cost of deciding staleness before and after a change that writes the
+same artifacts, such as a refactor.
+
+    .venv/bin/python bench/incremental.py                 # prints a Markdown table
+    .venv/bin/python bench/incremental.py --against REV   # this code against REV's, 1,000 shards
 """
 
+import argparse
+import io
 import json
+import shutil
 import statistics
 import subprocess
 import sys
+import tarfile
 import tempfile
 import time
 from pathlib import Path
@@ -34,6 +44,7 @@ from eaglenest.states.parts import part_paths, read_part  # noqa: E402
 
 SAMPLES = 10_000
 REPEATS = 5
+CODE = ["Snakefile", "rules", "scripts", "schemas", "eaglenest"]  # what --against swaps
 BENCH_CONFIG = {  # small everywhere except the sample and shard counts under test
     "data": {"raw_responses": "resources/bench_responses.jsonl"},
     "train": {"epochs": 1},
@@ -84,8 +95,22 @@ def build(root, num_shards):
     return workdir
 
 
+def with_code_of(rev, workdir, copy):
+    """A copy of the built `workdir` running revision `rev`'s workflow code, its results registered
+    as up to date for that code."""
+    shutil.copytree(workdir, copy, symlinks=True)
+    for name in CODE:
+        shutil.rmtree(copy / name) if (copy / name).is_dir() else (copy / name).unlink()
+    archive = subprocess.run(["git", "archive", rev, *CODE], cwd=REPO, capture_output=True, check=True).stdout
+    with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
+        tar.extractall(copy, filter="tar")
+    shutil.rmtree(copy / ".snakemake/eaglenest", ignore_errors=True)  # the module-summary cache
+    snakemake(copy, "--touch")
+    return copy
+
+
 def measure(workdirs):
-    """{num_shards: {figure: seconds (medians) or count}} for the built copies in `workdirs`."""
+    """{label: {figure: seconds (medians) or count}} for the built copies in `workdirs`."""
     times = {n: {"dry": [], "noop": [], "append_dry": []} for n in workdirs}
     for _ in range(REPEATS):
         for args, key in [(["-n"], "dry"), ([], "noop")]:
@@ -110,23 +135,29 @@ def measure(workdirs):
 
 
 def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--against", metavar="REV", help="compare with git revision REV's code, both at 1,000 shards")
+    args = parser.parse_args()
     torch.set_num_threads(1)
     with tempfile.TemporaryDirectory() as tmp:
         workdirs = {}
-        for num_shards in (1000, 4):
+        for num_shards in (1000,) if args.against else (1000, 4):
             root = Path(tmp) / f"shards{num_shards}"
             root.mkdir()
             start = time.monotonic()
             workdirs[num_shards] = build(root, num_shards)
             print(f"built {num_shards} shards in {time.monotonic() - start:.0f} s", file=sys.stderr)
+        if args.against:
+            workdirs[args.against] = with_code_of(args.against, workdirs[1000], Path(tmp) / "against")
         figures = measure(workdirs)
-    big, small = figures[1000], figures[4]
-    print(f"| {SAMPLES:,} samples, medians of {REPEATS} | 1,000 shards | 4 shards | ratio |")
+    first, second = figures.values()
+    columns = ["this code", args.against] if args.against else ["1,000 shards", "4 shards"]
+    print(f"| {SAMPLES:,} samples, medians of {REPEATS} | {columns[0]} | {columns[1]} | ratio |")
     print("|---|---|---|---|")
     for key, label in [("dry", "`snakemake -n`, all up to date"), ("noop", "`snakemake`, all up to date (no-op)"),
                        ("append_dry", "`snakemake -n` after appending one sample (split done)")]:
-        print(f"| {label} | {big[key]:.2f} s | {small[key]:.2f} s | {big[key] / small[key]:.2f}x |")
-    print(f"| shards planned after the append | {big['shards_planned']} | {small['shards_planned']} | |")
+        print(f"| {label} | {first[key]:.2f} s | {second[key]:.2f} s | {first[key] / second[key]:.2f}x |")
+    print(f"| shards planned after the append | {first['shards_planned']} | {second['shards_planned']} | |")
 
 
 if __name__ == "__main__":

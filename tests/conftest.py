@@ -20,7 +20,7 @@ DEMO_RAW = REPO / "resources" / "demo" / "raw_responses.jsonl"
 @pytest.fixture(scope="session", autouse=True)
 def one_thread():
     """Tiny models run fastest on one torch thread, and stay fast on a busy machine (two OpenMP
-    threads on two busy cores measured 15-25x slower per step)."""
+    threads on two busy cores are many times slower per step)."""
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     yield

@@ -81,8 +81,9 @@ def python_for(profile):
 
 
 def test_cluster_executors_stay_out_of_the_workflow_venv():
-    """Snakemake imports every installed plugin on each call (the kubernetes client and pandas:
-    ~0.65 s of every dry run), so they live in .venv-cluster, which sees the workflow venv too."""
+    """Snakemake imports every installed plugin on each call (the kubernetes client and pandas
+    slow every dry run: BENCHMARKS.md), so they live in .venv-cluster, which sees the workflow
+    venv too."""
     prefixes = ("snakemake_executor_plugin_", "snakemake_storage_plugin_")
     assert [m.name for m in pkgutil.iter_modules() if m.name.startswith(prefixes)] == []
     listed = subprocess.run([CLUSTER_PYTHON, "-c", "import json, pkgutil, eaglenest, torch\n"  # layered: sees both

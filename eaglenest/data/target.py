@@ -20,6 +20,13 @@ def target_architectures(target_dir):
     return _config_json(target_dir).get("architectures")
 
 
+def target_dtype(target_dir):
+    """The dtype the target's weights are stored in (config `dtype`, or the older `torch_dtype`),
+    None when its config does not say."""
+    config = target_config(target_dir)
+    return config.get("dtype") or config.get("torch_dtype")
+
+
 def rope_settings(config):
     """(rope_type, rope_theta) of a model config dict (a target's text config or a drafter's
     layer config): transformers 5's `rope_parameters`, older `rope_scaling`, or a top-level

@@ -20,7 +20,7 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
 from eaglenest.data.samples import is_heldout
-from eaglenest.data.target import target_architectures, target_config
+from eaglenest.data.target import target_architectures, target_dtype
 from eaglenest.data.vocab import load_vocab
 from eaglenest.drafter.export import write_drafter
 from eaglenest.states.manifest import read_manifest
@@ -243,8 +243,7 @@ def export_trained(drafter, target_dir, out_dir, trained_config_path, *, ttt_ste
                    export_dtype):
     """Write the trained drafter (speculators format) and, if asked, the DrafterConfig it was trained with."""
     # The target's dtype by default: our embed_tokens then equals the target's, and vLLM shares it.
-    tc = target_config(target_dir)
-    export_dtype = export_dtype or tc.get("dtype") or tc.get("torch_dtype") or "bfloat16"
+    export_dtype = export_dtype or target_dtype(target_dir) or "bfloat16"
     with atomic_dir(out_dir) as tmp:
         write_drafter(
             drafter,
