@@ -62,9 +62,11 @@ def _store(cache_path, summaries):
     os.replace(tmp, cache_path)
 
 
+@functools.lru_cache(maxsize=None)
 def _module_files(root, name):
     """Files Python runs to import `name` (a module, or a name inside one): the __init__.py of
-    each package on the way, then the module itself; [] for names outside `root`."""
+    each package on the way, then the module itself; () for names outside `root`. (Cached: the
+    rules of one workflow import the same names, and each costs file-system lookups.)"""
     parts, files = name.split("."), []
     for i in range(1, len(parts) + 1):
         base = Path(*parts[:i])
@@ -75,7 +77,7 @@ def _module_files(root, name):
             break  # what follows names something inside the module
         else:
             break
-    return files
+    return tuple(files)
 
 
 def _closure(root, script, summaries):
