@@ -15,11 +15,10 @@ after the split has run, within the same invocation.
 """
 
 import hashlib
-import json
 from pathlib import Path
 
 from eaglenest.workflow.atomic import atomic_dir
-from eaglenest.workflow.jsonl import read_objects
+from eaglenest.workflow.jsonl import jsonl_lines, read_objects
 
 
 def shard_of(sample_id, num_shards):
@@ -42,12 +41,11 @@ def part_paths(parts_dir, shard):
 
 
 def split_tokenized(tokenized_path, parts_dir, num_shards):
-    """Write the samples of each shard (by shard_of) to its part in `parts_dir`, in file order, and
-    each part's sha256 beside it (see part_paths). The folder is replaced whole. Each line is
-    written as json.dumps writes it, which is how the tokenize stage wrote it: lines verbatim."""
+    """Write the samples of each shard (by shard_of) to its part in `parts_dir`, lines verbatim in
+    file order, and each part's sha256 beside it (see part_paths). The folder is replaced whole."""
     parts = [[] for _ in range(num_shards)]
-    for sample in read_objects(tokenized_path):
-        parts[shard_of(sample["id"], num_shards)].append((json.dumps(sample) + "\n").encode())
+    for _, line, sample in jsonl_lines(tokenized_path):
+        parts[shard_of(sample["id"], num_shards)].append(line.encode())
     with atomic_dir(parts_dir) as tmp:
         for shard, lines in enumerate(parts):
             part, digest = part_paths(tmp, shard)

@@ -8,6 +8,7 @@ import torch
 from eaglenest.data.target import rope_settings, target_config
 from eaglenest.drafter.load import read_checkpoint
 from eaglenest.drafter.model import Drafter, DrafterConfig
+from eaglenest.states.convention import FINAL_STATE_CONVENTION
 from eaglenest.workflow.errors import InputError
 
 log = logging.getLogger(__name__)
@@ -19,7 +20,7 @@ def make_drafter_config(target_dir, manifest, d2t, t2d, init_config=None, geomet
     hidden_size is the target's (the drafter embeds with the target's embed_tokens)."""
     tc = target_config(target_dir)
     hidden_size, heads = tc["hidden_size"], tc["num_attention_heads"]
-    if manifest["hidden_size"] != hidden_size or manifest.get("final_state") != "pre_norm":
+    if manifest["hidden_size"] != hidden_size or manifest.get("final_state") != FINAL_STATE_CONVENTION:
         raise ValueError("shards do not match the target: hidden size or final state convention")
     shape = {
         "intermediate_size": tc["intermediate_size"],

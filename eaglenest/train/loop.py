@@ -119,12 +119,13 @@ def train_drafter(shard_paths, manifest_path, d2t_path, t2d_path, target_dir, ou
     """
     arguments = dict(locals())  # every argument: for the run key and for torchrun's workers
     distributed = dist.is_available() and dist.is_initialized()
+    manifest = read_manifest(manifest_path)
     if not distributed:  # workers come after this check
-        check_shards(shard_paths, read_manifest(manifest_path))
+        check_shards(shard_paths, manifest)
     if num_processes > 1 and not distributed:
         launch_workers(arguments)
         return
-    run = start_run(shard_paths, manifest_path, d2t_path, t2d_path, target_dir, distributed, seed=seed,
+    run = start_run(shard_paths, manifest, d2t_path, t2d_path, target_dir, distributed, seed=seed,
                     epochs=epochs, max_steps=max_steps, batch_size=batch_size, lr=lr, warmup=warmup,
                     heldout_fraction=heldout_fraction, init_from=init_from, drafter_geometry=drafter_geometry,
                     device=device)
@@ -149,13 +150,12 @@ def train_drafter(shard_paths, manifest_path, d2t_path, t2d_path, target_dir, ou
         shutil.rmtree(resume_dir)
 
 
-def start_run(shard_paths, manifest_path, d2t_path, t2d_path, target_dir, distributed, *, seed, epochs, max_steps,
+def start_run(shard_paths, manifest, d2t_path, t2d_path, target_dir, distributed, *, seed, epochs, max_steps,
               batch_size, lr, warmup, heldout_fraction, init_from, drafter_geometry, device):
     """The Run of train_drafter's arguments: the target head, the training samples, the new
     drafter on its device, AdamW with warmup and cosine decay."""
     rank, world_size = (dist.get_rank(), dist.get_world_size()) if distributed else (0, 1)
     device = torch_device(device)
-    manifest = read_manifest(manifest_path)
     d2t, t2d = load_vocab(d2t_path, t2d_path)
     head = TargetHead(target_dir, device)
     samples = ShardSamples(shard_paths, keep=lambda i: not is_heldout(i, heldout_fraction))

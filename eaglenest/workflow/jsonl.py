@@ -9,18 +9,24 @@ import json
 from eaglenest.workflow.errors import InputError
 
 
-def read_jsonl(path):
-    """(where, object) for each non-blank line of a JSONL file, where = "file:line"; malformed
-    JSON raises InputError naming the line and column."""
+def jsonl_lines(path):
+    """(where, line, object) for each non-blank line of a JSONL file, where = "file:line" and line
+    the text as read (for copying lines verbatim); malformed JSON raises InputError naming the
+    line and column."""
     with open(path, encoding="utf-8") as f:
         for line_no, text in enumerate(f, 1):
             if not text.strip():
                 continue
             where = f"{path}:{line_no}"
             try:
-                yield where, json.loads(text)
+                yield where, text, json.loads(text)
             except json.JSONDecodeError as e:
                 raise InputError(f"{where}: malformed JSON: {e.msg} (column {e.colno})") from None
+
+
+def read_jsonl(path):
+    """(where, object) for each non-blank line of a JSONL file (see jsonl_lines)."""
+    return ((where, obj) for where, _, obj in jsonl_lines(path))
 
 
 def read_objects(path):
