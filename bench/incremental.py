@@ -77,7 +77,7 @@ def bench_responses(workdir):
 def extract_in_one_process(workdir, num_shards):
     """What the hidden_states jobs would write, with the target loaded once."""
     results = workdir / "results"
-    model = load_target(results / "target", "float32", "cpu")
+    model = load_target(results / "target", "float32", "cpu", trust_remote_code=False)
     for shard in range(num_shards):
         part, _ = part_paths(results / "data/shards", shard)
         shard_path = results / f"hidden_states/shard_{shard:05d}.safetensors"

@@ -54,9 +54,10 @@ def vllm_cpu():
     return True
 
 
-def start_engine(target_dir, args):
+def start_engine(target_dir, args, *, trust_remote_code):
     """vLLM's offline engine (`vllm.LLM`) on `target_dir` with engine arguments `args` (see
-    engine_args), the way every stage runs the target: no tokenizer (prompts are token ids),
+    engine_args), the way every stage runs the target: the target's own code only when
+    `trust_remote_code` (config target.trust_remote_code), no tokenizer (prompts are token ids),
     prefix caching off (each run computes every token), stats on (the spec-decode counters),
     seed 0 unless `args` says otherwise, Snakemake's thread variables hidden while it starts."""
     # vLLM would replace the logging setup (and mute our loggers); this way its lines go to the rule's log.
@@ -65,8 +66,8 @@ def start_engine(target_dir, args):
 
     hidden = {name: os.environ.pop(name) for name in THREAD_VARS if name in os.environ}
     try:
-        return LLM(model=str(target_dir), skip_tokenizer_init=True, enable_prefix_caching=False,
-                   disable_log_stats=False, **{"seed": 0, **args})
+        return LLM(model=str(target_dir), trust_remote_code=trust_remote_code, skip_tokenizer_init=True,
+                   enable_prefix_caching=False, disable_log_stats=False, **{"seed": 0, **args})
     finally:
         os.environ.update(hidden)
 
@@ -95,14 +96,16 @@ def worker_environment():
                 os.environ[name] = value
 
 
-def generate(target_dir, prompts, vllm, *, max_tokens, temperature=0.0, seed=0, drafter_dir=None,
-             num_speculative_tokens=3, max_num_seqs=None):
+def generate(target_dir, prompts, vllm, *, trust_remote_code, stop_token_ids, max_tokens, temperature=0.0,
+             seed=0, drafter_dir=None, num_speculative_tokens=3, max_num_seqs=None):
     """Generate for each prompt (a list of token ids) with the engine settings `vllm` (the config's
     vllm section) and return a dict: token_ids (generated ids per prompt, the end-of-turn token
     included when it stopped there), finish_reasons ("stop" | "length"), counters (vLLM's
     spec-decode counters, {} without a drafter), generate_s (wall time of generation alone,
     engine start excluded), generated_tokens, tokens_per_s and vllm_version.
 
+    stop_token_ids: where a completion ends (the end-of-turn id), given explicitly so that it does
+    not depend on the target's generation_config.json.
     drafter_dir: an EAGLE-3 drafter to speculate with, num_speculative_tokens at a time.
     max_num_seqs: how many requests run at once (vLLM's default if None).
     """
@@ -111,11 +114,13 @@ def generate(target_dir, prompts, vllm, *, max_tokens, temperature=0.0, seed=0, 
         speculative_config = {"method": "eagle3", "model": str(drafter_dir),
                               "num_speculative_tokens": num_speculative_tokens}
     llm = start_engine(target_dir, engine_args(vllm, seed=seed, max_num_seqs=max_num_seqs or None,
-                                               speculative_config=speculative_config))
+                                               speculative_config=speculative_config),
+                       trust_remote_code=trust_remote_code)
     import vllm as vllm_package  # after start_engine: vLLM sets up its logging when first imported
     from vllm import SamplingParams
 
-    params = SamplingParams(temperature=temperature, max_tokens=max_tokens, detokenize=False)
+    params = SamplingParams(temperature=temperature, max_tokens=max_tokens, stop_token_ids=list(stop_token_ids),
+                            detokenize=False)
     start = time.perf_counter()
     outputs = llm.generate([{"prompt_token_ids": list(p)} for p in prompts], params)
     elapsed = time.perf_counter() - start

@@ -67,6 +67,8 @@ rule evaluate_vllm:
         concurrency=config["eval"]["concurrency"],
         agreement_tolerance=config["eval"]["agreement_tolerance"],
         vllm=config["vllm"],
+        trust_remote_code=config["target"]["trust_remote_code"],
+        end_of_turn=config["tokenize"]["end_of_turn"],
         code=code("evaluate_vllm"),
     log:
         f"{RESULTS}/logs/evaluate_vllm.log",

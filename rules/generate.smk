@@ -10,6 +10,7 @@ if not config["data"]["raw_responses"]:
         output:
             raw=RAW_RESPONSES,
         params:
+            trust_remote_code=config["target"]["trust_remote_code"],
             generate=config["generate"],
             vllm=config["vllm"],
             chat_template_kwargs=config["tokenize"]["chat_template_kwargs"],

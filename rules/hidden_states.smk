@@ -34,6 +34,7 @@ rule hidden_states:
         device=config["hidden_states"]["device"],
         # only the vLLM backend reads these: with HF, changing them must not re-extract anything
         vllm=config["vllm"] if config["hidden_states"]["backend"] == "vllm" else None,
+        trust_remote_code=config["target"]["trust_remote_code"],
         code=code("hidden_states"),
     log:
         f"{RESULTS}/logs/hidden_states/shard_{{shard}}.log",

@@ -9,6 +9,7 @@ rule tokenize:
         data=TOKENIZED,
         report=f"{RESULTS}/data/tokenize_report.json",
     params:
+        trust_remote_code=config["target"]["trust_remote_code"],
         max_seq_len=config["tokenize"]["max_seq_len"],
         overlong=config["tokenize"]["overlong"],
         chat_template_kwargs=config["tokenize"]["chat_template_kwargs"],

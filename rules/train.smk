@@ -18,6 +18,7 @@ rule train_drafter:
         trained_config=f"{RESULTS}/train/drafter_config.json",
     params:
         settings=config["train"],
+        drafter=config["drafter"],  # the geometry: a change makes the drafter stale
         # Not an output: Snakemake deletes a failed job's outputs, and a checkpoint must outlive a kill.
         resume_dir=f"{RESULTS}/train/resume",
         code=code("train_drafter"),

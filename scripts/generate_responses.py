@@ -9,6 +9,7 @@ if __name__ == "__main__":  # vLLM starts worker processes that import this file
         snakemake.input.prompts,
         snakemake.input.target,
         snakemake.output.raw,
+        trust_remote_code=snakemake.params.trust_remote_code,
         **snakemake.params.generate,
         chat_template_kwargs=snakemake.params.chat_template_kwargs,
         think_start=snakemake.params.think_start,

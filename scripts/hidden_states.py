@@ -14,5 +14,6 @@ if __name__ == "__main__":  # the vLLM backend starts processes that may import 
         dtype=snakemake.params.dtype,
         device=snakemake.params.device,
         vllm=snakemake.params.vllm,
+        trust_remote_code=snakemake.params.trust_remote_code,
         gpus=snakemake.resources.gpu,
     )

@@ -9,6 +9,7 @@ run_stage(
     snakemake.input.target,
     snakemake.output.data,
     snakemake.output.report,
+    trust_remote_code=snakemake.params.trust_remote_code,
     max_seq_len=snakemake.params.max_seq_len,
     overlong=snakemake.params.overlong,
     chat_template_kwargs=snakemake.params.chat_template_kwargs,

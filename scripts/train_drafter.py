@@ -15,6 +15,7 @@ run_stage(
     trained_config_path=snakemake.output.trained_config,
     resume_dir=snakemake.params.resume_dir,
     **snakemake.params.settings,
+    drafter_geometry=snakemake.params.drafter,
     nnodes=snakemake.resources.get("nodes", 1),  # multi-node (SLURM profile): the job's nodes and the
     launcher=snakemake.resources.get("mpi", ""),  # command that starts torchrun on each of them
     gpus=snakemake.resources.gpu,

@@ -5,7 +5,6 @@ import ast
 import re
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 

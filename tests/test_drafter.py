@@ -11,14 +11,18 @@ from safetensors import safe_open
 from transformers import LlamaConfig
 from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding, apply_rotary_pos_emb
 
-from eaglenest.drafter.model import Drafter, DrafterConfig, apply_rope, repeat_kv
+from eaglenest.drafter.model import Drafter, DrafterConfig, apply_rope, checked_rope_scaling, repeat_kv, rope_cos_sin
 from eaglenest.drafter.export import export_eagle, write_drafter
 from eaglenest.drafter.load import load_drafter, read_checkpoint
 
 V, N, H = 96, 40, 128
 
 
-def make_drafter(norm_before_residual=False, seed=0):
+YARN = {"rope_type": "yarn", "factor": 8.0, "original_max_position_embeddings": 4096, "beta_fast": 32,
+        "beta_slow": 1, "mscale": 0.707, "mscale_all_dim": 0.707}
+
+
+def make_drafter(norm_before_residual=False, seed=0, rope_scaling=None):
     """A random drafter of the demo geometry (2 heads, 1 KV head, head_dim 64) and a random
     draft vocab; weights scaled up so that attention is far from uniform."""
     torch.manual_seed(seed)
@@ -33,6 +37,7 @@ def make_drafter(norm_before_residual=False, seed=0):
         head_dim=64,
         aux_layer_ids=[2, 4, 5],
         rope_theta=10000.0,
+        rope_scaling=rope_scaling,
         norm_before_residual=norm_before_residual,
     )
     drafter = Drafter(config)
@@ -59,6 +64,76 @@ def test_rope_matches_transformers():
     ours = apply_rope(q.transpose(1, 2), positions, 500000.0).transpose(1, 2)
     torch.testing.assert_close(ours, q_hf)
     torch.testing.assert_close(apply_rope(k.transpose(1, 2), positions, 500000.0).transpose(1, 2), k_hf)
+
+
+@pytest.mark.parametrize(
+    "theta, scaling",
+    [
+        (500000.0, None),
+        (10000.0, YARN),
+        (50000.0, {"type": "yarn", "factor": 64, "original_max_position_embeddings": 64, "beta_fast": 1,
+                   "beta_slow": 1, "mscale": 1, "mscale_all_dim": 1}),  # Kimi-K2.5's own, shorter
+        (1e6, {"rope_type": "yarn", "factor": 4, "original_max_position_embeddings": 512, "attention_factor": 0.9,
+               "truncate": False}),
+    ],
+)
+def test_rope_matches_vllm(theta, scaling):
+    """Our cos/sin are the rows of the cos_sin_cache of vLLM's get_rope (what its Llama layer
+    builds from the exported rope_parameters), and the rotation is vLLM's."""
+    from vllm.config import VllmConfig, set_current_vllm_config
+    from vllm.model_executor.layers.rotary_embedding import get_rope
+
+    scaling = checked_rope_scaling(scaling, 2048)  # what DrafterConfig holds
+    with set_current_vllm_config(VllmConfig()):
+        rope = get_rope(64, max_position=2048, rope_parameters={**(scaling or {}), "rope_theta": theta},
+                        dtype=torch.float32)
+    cache = rope.cos_sin_cache  # [positions, cos 32 | sin 32]
+    cos, sin = rope_cos_sin(torch.arange(len(cache)), 64, theta, scaling)
+    assert torch.equal(torch.cat([cos, sin], dim=-1), cache)  # bit for bit: the same float32 steps
+
+    positions = torch.tensor([0, 1, 7, 300, 2047])
+    q, k = torch.randn(5, 2, 64), torch.randn(5, 1, 64)
+    q_vllm, k_vllm = rope.forward_native(positions, q.reshape(5, -1).clone(), k.reshape(5, -1).clone())
+    torch.testing.assert_close(apply_rope(q, positions, theta, scaling).reshape(5, -1), q_vllm)
+    torch.testing.assert_close(apply_rope(k, positions, theta, scaling).reshape(5, -1), k_vllm)
+
+
+def test_rope_the_drafter_does_not_compute_is_refused(tmp_path):
+    with pytest.raises(ValueError, match="rope_type 'llama3' is not implemented"):
+        make_drafter(rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                                   "high_freq_factor": 4.0, "original_max_position_embeddings": 8192})
+    with pytest.raises(ValueError, match=r"keys not implemented by the drafter: \['mrope_section'\]"):
+        make_drafter(rope_scaling={**YARN, "mrope_section": [16, 24, 24]})
+    with pytest.raises(ValueError, match="beyond the 16384 positions YaRN covers"):  # vLLM's cache ends there
+        make_drafter(rope_scaling={**YARN, "factor": 4.0})
+
+    write(make_drafter(), tmp_path / "d")
+    config = json.loads((tmp_path / "d" / "config.json").read_text())
+    config["transformer_layer_config"]["rope_parameters"] = {**YARN, "rope_type": "deepseek_yarn", "rope_theta": 10000.0}
+    (tmp_path / "d" / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ValueError, match="rope_type 'deepseek_yarn' is not implemented"):
+        read_checkpoint(tmp_path / "d")
+
+
+def test_yarn_reaches_vllm_and_sglang_in_both_formats(tmp_path):
+    """The scaling is written, read back and read by vLLM the same in both formats; the EAGLE
+    format also holds SGLang's rope_theta + rope_scaling."""
+    from vllm.transformers_utils.config import get_config
+
+    drafter = make_drafter(rope_scaling=YARN)
+    write(drafter, tmp_path / "speculators")
+    export_eagle(tmp_path / "speculators", tmp_path / "eagle")
+    eagle = json.loads((tmp_path / "eagle" / "config.json").read_text())
+    assert eagle["rope_theta"] == 10000.0 and eagle["rope_scaling"] == YARN
+    for form in ("speculators", "eagle"):
+        assert read_checkpoint(tmp_path / form)[0] == drafter.config
+        assert get_config(str(tmp_path / form), trust_remote_code=False).rope_parameters == {**YARN, "rope_theta": 10000.0}
+
+    write(make_drafter(), tmp_path / "plain")
+    export_eagle(tmp_path / "plain", tmp_path / "plain_eagle")
+    eagle = json.loads((tmp_path / "plain_eagle" / "config.json").read_text())
+    assert eagle["rope_scaling"] is None and eagle["rope_parameters"] == {"rope_type": "default", "rope_theta": 10000.0}
+    assert get_config(str(tmp_path / "plain_eagle"), trust_remote_code=False).rope_parameters == eagle["rope_parameters"]
 
 
 def incremental_drafting(drafter, input_ids, aux, anchor, num_steps):

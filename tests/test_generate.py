@@ -5,23 +5,57 @@ import json
 import pytest
 
 from eaglenest.data.prompts import read_prompts
-from eaglenest.data.generate import split_completion
+from eaglenest.data.generate import response_record, split_completion
+from eaglenest.data.records import parse_record
+from eaglenest.data.tokenize import tokenize_record
 from eaglenest.workflow.errors import InputError
 from eaglenest.data.tokenizer import Tokenizer
+
+from kimi_tokenizer import kimi_tokenizer_dir  # noqa: F401 (a fixture)
 
 THINK_END, EOT = 6, 0
 
 
-@pytest.mark.parametrize("ids, thinking, reasoning, content", [
-    ([1, 2, THINK_END, 3, EOT], True, [1, 2], [3]),        # finished
-    ([1, 2, THINK_END, 3], True, [1, 2], [3]),             # cut while answering
-    ([1, 2], True, [1, 2], []),                            # cut while thinking
-    ([1, 2, EOT], True, [1, 2], []),                       # stopped without closing the think block
-    ([THINK_END, 3, EOT], True, [], [3]),                  # empty reasoning
-    ([3, THINK_END, 4, EOT], False, [], [3, THINK_END, 4]),  # no think block opened: all content
+@pytest.mark.parametrize("ids, thinking, reasoning, content, closed", [
+    ([1, 2, THINK_END, 3, EOT], True, [1, 2], [3], True),         # finished
+    ([1, 2, THINK_END, 3], True, [1, 2], [3], True),              # cut while answering
+    ([1, 2], True, [1, 2], [], False),                            # cut while thinking
+    ([1, 2, EOT], True, [1, 2], [], False),                       # stopped without closing the think block
+    ([1, 2, THINK_END, EOT], True, [1, 2], [], True),             # closed it, then said nothing
+    ([THINK_END, 3, EOT], True, [], [3], True),                   # empty reasoning
+    ([3, THINK_END, 4, EOT], False, [], [3, THINK_END, 4], False),  # no think block opened: all content
 ])
-def test_split_completion(ids, thinking, reasoning, content):
-    assert split_completion(ids, thinking=thinking, think_end=THINK_END, end_of_turn=EOT) == (reasoning, content)
+def test_split_completion(ids, thinking, reasoning, content, closed):
+    assert split_completion(ids, thinking=thinking, think_end=THINK_END, end_of_turn=EOT) == (reasoning, content, closed)
+
+
+@pytest.fixture(scope="module", params=["demo", "kimi"])
+def tokenizer(request):
+    """The demo target's fast tokenizer, and a Kimi-style remote-code one."""
+    target = request.getfixturevalue("demo_target" if request.param == "demo" else "kimi_tokenizer_dir")
+    return Tokenizer(target, trust_remote_code=request.param == "kimi", think_start="<think>", think_end="</think>",
+                     end_of_turn="<|im_end|>", chat_template_kwargs={"thinking": True})
+
+
+@pytest.mark.parametrize("reasoning, content, closed, finish", [
+    ("12 + 30 = 42.", "42", True, "stop"),
+    ("Still thinking when it said <|im_end|>", None, False, "stop"),  # <|im_end|> inside its reasoning
+    ("Cut off while thinking", None, False, "length"),
+    ("Closed the block, then said nothing.", "", True, "stop"),
+])
+def test_records_keep_what_the_model_emitted(tokenizer, reasoning, content, closed, finish):
+    """A record's text fields say what its ids say, and re-tokenizing the record without its ids gives
+    back the same completion: never a </think> the model did not emit."""
+    messages = [{"role": "user", "content": "What is 12 + 30?"}]
+    prompt = tokenizer.prompt(messages)
+    completion = tokenizer.text(reasoning)
+    completion += [] if content is None else [tokenizer.think_end] + tokenizer.text(content)
+    completion += [tokenizer.end_of_turn] if finish == "stop" else []
+    record = response_record("x", messages, prompt, completion, finish, tokenizer)
+    assert (record["reasoning_content"], record["content"]) == (reasoning, content or "")
+    assert record["reasoning_closed"] is closed
+    without_ids = {k: v for k, v in record.items() if not k.endswith("_token_ids")}
+    assert tokenize_record(parse_record(without_ids, "raw.jsonl:1"), tokenizer)[0] == prompt + completion
 
 
 @pytest.mark.parametrize("line, message", [
@@ -42,7 +76,7 @@ def test_the_built_run_learns_from_exactly_what_the_target_emitted(built):
     results = built / "results"
     records = [json.loads(line) for line in (results / "responses/raw_responses.jsonl").read_text().splitlines()]
     samples = {s["id"]: s for s in map(json.loads, (results / "data/tokenized_data.jsonl").read_text().splitlines())}
-    tokenizer = Tokenizer(results / "target", think_start="<think>", think_end="</think>", end_of_turn="<|im_end|>",
+    tokenizer = Tokenizer(results / "target", trust_remote_code=False, think_start="<think>", think_end="</think>", end_of_turn="<|im_end|>",
                           chat_template_kwargs={"thinking": True})
     prompts = {p[0]: p[1] for p in read_prompts(built / "resources/demo/prompts.jsonl")}
     assert [r["id"] for r in records] == list(prompts)
@@ -51,6 +85,8 @@ def test_the_built_run_learns_from_exactly_what_the_target_emitted(built):
         assert record["prompt_token_ids"] == tokenizer.prompt(record["messages"])
         completion = record["completion_token_ids"]
         assert (completion[-1] == tokenizer.end_of_turn) == (record["finish_reason"] == "stop")
+        assert tokenizer.end_of_turn not in completion[:-1]  # it stopped where the model ended its turn
+        assert record["reasoning_closed"] == (tokenizer.think_end in completion)
         sample = samples[record["id"]]
         assert sample["input_ids"] == record["prompt_token_ids"] + completion
         assert sample["loss_mask"] == [0] * len(record["prompt_token_ids"]) + [1] * len(completion)

@@ -20,12 +20,13 @@ SAMPLES = [
 @pytest.fixture(scope="module")
 def extracted(demo_target, tmp_path_factory):
     path = tmp_path_factory.mktemp("shards") / "shard_00000.safetensors"
-    extract_shard(demo_target, SAMPLES, path, aux_layer_ids=None, dtype="float32", device="cpu")
+    extract_shard(demo_target, SAMPLES, path, aux_layer_ids=None, dtype="float32", device="cpu",
+                  trust_remote_code=False)
     return path
 
 
 def test_aux_states_are_layer_inputs_in_vllm_convention(demo_target, extracted):
-    model = load_target(demo_target, "float32", "cpu")
+    model = load_target(demo_target, "float32", "cpu", trust_remote_code=False)
     ids = torch.tensor([SAMPLES[0]["input_ids"]])
     with torch.no_grad():
         out = model(input_ids=ids, output_hidden_states=True)
@@ -37,7 +38,7 @@ def test_aux_states_are_layer_inputs_in_vllm_convention(demo_target, extracted):
 
 
 def test_stored_final_state_reproduces_the_target_logits(demo_target, extracted):
-    model = load_target(demo_target, "float32", "cpu")
+    model = load_target(demo_target, "float32", "cpu", trust_remote_code=False)
     for sample in read_shard(extracted):
         with torch.no_grad():
             logits = model(input_ids=sample["input_ids"][None]).logits[0]
@@ -62,7 +63,7 @@ def test_shard_contents_and_manifest(demo_target, extracted):
 
 def test_empty_shard_is_valid(demo_target, tmp_path):
     path = tmp_path / "empty.safetensors"
-    extract_shard(demo_target, [], path, aux_layer_ids=None, dtype="bfloat16", device="cpu")
+    extract_shard(demo_target, [], path, aux_layer_ids=None, dtype="bfloat16", device="cpu", trust_remote_code=False)
     assert read_shard(path) == []
 
 

@@ -52,7 +52,7 @@ def run_both(target_dir, out_dir, vllm, env):
     """HF-backend and vLLM-backend shards of the same samples, and the vLLM backend's log lines."""
     samples = make_samples(target_dir, seed=0)
     hf, vl = out_dir / "hf.safetensors", out_dir / "vllm.safetensors"
-    extract_shard(target_dir, samples, hf, aux_layer_ids=None, dtype="float32", device="cpu")
+    extract_shard(target_dir, samples, hf, aux_layer_ids=None, dtype="float32", device="cpu", trust_remote_code=False)
     records = Records()
     logger = logging.getLogger("eaglenest.states.vllm_extract")
     logger.addHandler(records)
@@ -62,7 +62,8 @@ def run_both(target_dir, out_dir, vllm, env):
         with pytest.MonkeyPatch.context() as mp:
             for key, value in env.items():
                 mp.setenv(key, value)
-            stats = extract_shard_vllm(target_dir, samples, vl, aux_layer_ids=None, dtype="float32", vllm=vllm)
+            stats = extract_shard_vllm(target_dir, samples, vl, aux_layer_ids=None, dtype="float32", vllm=vllm,
+                                       trust_remote_code=False)
     finally:
         logger.removeHandler(records)
         logger.setLevel(level)
@@ -113,7 +114,7 @@ def max_diffs(run):
 def check_convention(run):
     """The vLLM shard's aux states are HF hidden_states[k] (inputs of layers k), not a neighbour
     layer's, and its final state is pre-norm: lm_head(norm(final)) gives the target's logits."""
-    model = load_target(run["target"], "float32", "cpu")
+    model = load_target(run["target"], "float32", "cpu", trust_remote_code=False)
     H = model.config.hidden_size
     sample = read_shard(run["vllm"])[3]  # 130 tokens
     with torch.no_grad():
@@ -157,10 +158,11 @@ def test_tiny_deepseek_v3_layer_convention(deepseek):
 
 def test_empty_shard_needs_no_engine(demo_target, tmp_path):
     path = tmp_path / "empty.safetensors"
-    assert extract_shard_vllm(demo_target, [], path, aux_layer_ids=None, dtype="bfloat16", vllm=VLLM) == {
-        "num_samples": 0, "num_tokens": 0}
+    stats = extract_shard_vllm(demo_target, [], path, aux_layer_ids=None, dtype="bfloat16", vllm=VLLM,
+                               trust_remote_code=False)
+    assert stats == {"num_samples": 0, "num_tokens": 0}
     hf = tmp_path / "hf_empty.safetensors"
-    extract_shard(demo_target, [], hf, aux_layer_ids=None, dtype="bfloat16", device="cpu")
+    extract_shard(demo_target, [], hf, aux_layer_ids=None, dtype="bfloat16", device="cpu", trust_remote_code=False)
     assert read_shard(path) == [] and layout(path) == layout(hf)
 
 

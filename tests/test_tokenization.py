@@ -1,8 +1,10 @@
 """Faithful tokenization on the real demo tokenizer: the stream the model saw and emitted."""
 
+import json
+
 import pytest
 
-from eaglenest.data.records import Record
+from eaglenest.data.records import Record, read_records
 from eaglenest.workflow.errors import InputError
 from eaglenest.data.tokenizer import Tokenizer
 from eaglenest.data.tokenize import tokenize_file, tokenize_record
@@ -15,7 +17,7 @@ TOKENS = {"think_start": "<think>", "think_end": "</think>", "end_of_turn": "<|i
 
 @pytest.fixture(scope="module")
 def tok(demo_target):
-    return Tokenizer(demo_target, chat_template_kwargs={"thinking": True}, **TOKENS)
+    return Tokenizer(demo_target, trust_remote_code=False, chat_template_kwargs={"thinking": True}, **TOKENS)
 
 
 def record(**fields):
@@ -25,6 +27,7 @@ def record(**fields):
         reasoning_content="12 + 30 = 42.",
         content="The answer is 42.",
         finish_reason="stop",
+        reasoning_closed=None,
         prompt_token_ids=None,
         completion_token_ids=None,
         where="raw.jsonl:1",
@@ -79,6 +82,45 @@ def test_empty_reasoning_and_length_cut_responses(tok):
     assert tok.hf.decode(answering) == "12 + 30 = 42.</think>The answer is 42."  # no end of turn
 
 
+@pytest.mark.parametrize("fields, emitted", [
+    (dict(content="", reasoning_closed=False), "12 + 30 = 42.<|im_end|>"),  # stopped inside its reasoning
+    (dict(content=""), "12 + 30 = 42.<|im_end|>"),  # the record does not say: no </think> is added
+    (dict(content="", reasoning_closed=True), "12 + 30 = 42.</think><|im_end|>"),  # closed, then nothing
+    (dict(content="", reasoning_closed=True, finish_reason="length"), "12 + 30 = 42.</think>"),
+    (dict(content="", reasoning_closed=False, finish_reason="length"), "12 + 30 = 42."),
+    (dict(reasoning_closed=True), "12 + 30 = 42.</think>The answer is 42.<|im_end|>"),
+])
+def test_think_end_only_where_the_model_emitted_it(tok, fields, emitted):
+    _, generated = split(tok, record(**fields))
+    assert tok.hf.decode(generated) == emitted
+
+
+def test_records_say_whether_the_think_block_was_closed(tmp_path):
+    canonical = {"messages": [{"role": "user", "content": "Think."}], "reasoning_content": "Hmm",
+                 "content": "", "finish_reason": "stop"}
+    openai = {"id": "c", "messages": canonical["messages"], "reasoning_closed": True, "response": {"id": "x", "choices": [
+        {"message": {"content": None, "reasoning_content": "Hmm"}, "finish_reason": "stop"}]}}
+    raw = tmp_path / "raw.jsonl"
+    raw.write_text("".join(json.dumps(r) + "\n" for r in [
+        canonical | {"id": "a", "reasoning_closed": False}, canonical | {"id": "b"}, openai]))
+    assert [r.reasoning_closed for r in read_records(raw)] == [False, None, True]
+    raw.write_text(json.dumps(canonical | {"id": "a", "content": "Done.", "reasoning_closed": False}) + "\n")
+    with pytest.raises(InputError, match=r"raw\.jsonl:1: field 'reasoning_closed': false, but there is content"):
+        read_records(raw)
+
+
+def test_the_demo_tokenizer_keeps_its_ids(tok):
+    """Its plain-text route (a copy of the fast backend) gives the ids split_special_tokens=True gave,
+    and leaves the tokenizer itself parsing special tokens."""
+    assert tok.route == "tokenizers backend"
+    texts = ["Is <think> a tag? And <|im_end|>?"]
+    for r in read_records(DEMO_RAW):
+        texts += [m["content"] for m in r.messages] + [r.reasoning_content, r.content]
+    for text in texts:
+        assert tok.text(text) == tok.hf.encode(text, add_special_tokens=False, split_special_tokens=True)
+    assert tok.hf.encode("<think>", add_special_tokens=False) == [tok.think_start]
+
+
 def test_token_ids_in_the_record_are_used_verbatim(tok):
     ids, mask = tokenize_record(record(prompt_token_ids=[5, 6, 7], completion_token_ids=[8, 9]), tok)
     assert (ids, mask) == ([5, 6, 7, 8, 9], [0, 0, 0, 1, 1])
@@ -87,15 +129,17 @@ def test_token_ids_in_the_record_are_used_verbatim(tok):
 
 
 def test_reasoning_without_a_think_prompt_is_rejected(demo_target):
-    plain = Tokenizer(demo_target, chat_template_kwargs={"thinking": False}, **TOKENS)
+    plain = Tokenizer(demo_target, trust_remote_code=False, chat_template_kwargs={"thinking": False}, **TOKENS)
     with pytest.raises(InputError, match=r"raw\.jsonl:1: field 'reasoning_content'"):
         tokenize_record(record(), plain)
+    with pytest.raises(InputError, match=r"raw\.jsonl:1: field 'reasoning_closed'"):
+        tokenize_record(record(reasoning_content="", reasoning_closed=True), plain)
     _, generated = split(plain, record(reasoning_content=""))
     assert plain.hf.decode(generated) == "The answer is 42.<|im_end|>"
 
 
 def run(demo_target, tmp_path, raw=DEMO_RAW, **overrides):
-    settings = dict(max_seq_len=512, overlong="truncate", chat_template_kwargs={"thinking": True}, **TOKENS)
+    settings = dict(trust_remote_code=False, max_seq_len=512, overlong="truncate", chat_template_kwargs={"thinking": True}, **TOKENS)
     out, report = tmp_path / "tok.jsonl", tmp_path / "report.json"
     result = tokenize_file(raw, demo_target, out, report, **(settings | overrides))
     return result, list(read_tokenized(out))

@@ -59,7 +59,8 @@ def data(tmp_path_factory):
     ]
     shards = [root / "shard_0.safetensors", root / "shard_1.safetensors"]
     for shard, part in zip(shards, (samples[:24], samples[24:])):
-        extract_shard(root / "target", part, shard, aux_layer_ids=None, dtype="float32", device="cpu")
+        extract_shard(root / "target", part, shard, aux_layer_ids=None, dtype="float32", device="cpu",
+                      trust_remote_code=False)
     write_manifest(shards, root / "target", root / "manifest.json", aux_layer_ids=None, dtype="float32")
     d2t, t2d = draft_maps(select_draft_vocab(count_tokens(samples, V), N), V)
     save_torch(root / "d2t.pt", d2t)

@@ -11,6 +11,7 @@ from importlib.metadata import version
 import pytest
 
 from conftest import REPO
+from eaglenest.data.tokenizer import load_tokenizer, special_token_id
 from eaglenest.evaluate.agreement import verify_agreement
 from eaglenest.workflow.errors import InputError
 from eaglenest.data.samples import is_heldout
@@ -29,8 +30,9 @@ def run_vllm(built, evaluation, tmp_path, drafter=None):
     metrics, outputs = evaluation
     prompts = tmp_path / "prompts.json"
     prompts.write_text(json.dumps([o["prompt_token_ids"] for o in outputs]))
+    stop_id = special_token_id(load_tokenizer(built / "results/target", trust_remote_code=False), "<|im_end|>")
     args = [sys.executable, str(REPO / "tests/vllm_generate.py"), str(built / "results/target"), str(prompts),
-            str(metrics["max_tokens"]), str(metrics["concurrency"])]
+            str(metrics["max_tokens"]), str(metrics["concurrency"]), str(stop_id)]
     result = subprocess.run(args + ([str(drafter)] if drafter else []), capture_output=True, text=True,
                             cwd=REPO, timeout=480, env=os.environ | {"PYTHONPATH": str(REPO)})
     lines = [line for line in result.stdout.splitlines() if line.startswith("RESULT ")]
@@ -88,4 +90,4 @@ def test_the_agreement_check_names_what_vllm_read_differently(built, evaluation,
             results / "target", drafter, results / "train/drafter_config.json", results / "hidden_states/manifest.json",
             results / "vocab/d2t.pt", results / "vocab/t2d.pt", [o["prompt_token_ids"] for o in outputs],
             broken["token_ids"], broken["counters"], num_speculative_tokens=metrics["num_speculative_tokens"],
-            agreement_tolerance=metrics["agreement_tolerance"])
+            agreement_tolerance=metrics["agreement_tolerance"], trust_remote_code=False)

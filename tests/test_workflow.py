@@ -96,6 +96,8 @@ def test_bad_input_fails_with_file_line_field_and_leaves_nothing(workdir):
     result = snakemake(workdir, check=False)
     assert result.returncode != 0
     assert re.search(r"raw_responses\.jsonl:5: field 'finish_reason': expected str, got int", result.stderr)
+    log = (workdir / "results/logs/tokenize.log").read_text()  # where Snakemake points the user
+    assert re.search(r"raw_responses\.jsonl:5: field 'finish_reason': expected str, got int", log)
     assert not (workdir / "results/data/tokenized_data.jsonl").exists()
     assert not list((workdir / "results/data").glob(".*tmp"))
 

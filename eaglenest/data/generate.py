@@ -3,7 +3,8 @@
 A drafter is trained to predict what the target will say, so the best data is the target's own
 output, produced by the engine that will serve it. Each record keeps the exact token ids: the
 prompt as the tokenize stage renders it (same Tokenizer, same template kwargs) and the completion
-as vLLM emitted it, so tokenization uses them verbatim; the text fields are decoded for people.
+as vLLM emitted it, so tokenization uses them verbatim; the text fields are decoded for people,
+and reasoning_closed says whether the model closed its think block.
 """
 
 import json
@@ -19,45 +20,55 @@ log = logging.getLogger(__name__)
 
 
 def split_completion(ids, *, thinking, think_end, end_of_turn):
-    """Completion ids -> (reasoning ids, content ids), both without </think> and <|im_end|>.
+    """Completion ids -> (reasoning ids, content ids, reasoning_closed), without </think> and the
+    final <|im_end|>.
 
-    Thinking prompts: reasoning runs to the first </think> (all of it when the model never
-    closed the block); otherwise everything is content."""
+    Thinking prompts: reasoning runs to the first </think>, and reasoning_closed says whether the
+    model emitted one; a completion that stopped or was cut inside its reasoning is all reasoning.
+    Otherwise everything is content, and the model closed no block."""
     body = ids[:-1] if ids and ids[-1] == end_of_turn else ids
     if not thinking:
-        return [], body
+        return [], body, False
     if think_end not in body:
-        return body, []
+        return body, [], False
     cut = body.index(think_end)
-    return body[:cut], body[cut + 1:]
+    return body[:cut], body[cut + 1:], True
 
 
-def generate_responses(prompts_path, target_dir, out_path, *, max_tokens, temperature, seed,
+def response_record(prompt_id, messages, prompt_ids, completion, finish_reason, tokenizer):
+    """The canonical record (docs/CONTRACTS.md) of one completion: the ids verbatim, the text
+    fields decoded from them, and whether the model closed its think block."""
+    if finish_reason not in ("stop", "length"):
+        raise RuntimeError(f"vLLM finished prompt {prompt_id!r} with {finish_reason!r}")
+    reasoning, content, closed = split_completion(completion, thinking=tokenizer.thinking(prompt_ids),
+                                                  think_end=tokenizer.think_end, end_of_turn=tokenizer.end_of_turn)
+    return {"id": prompt_id, "messages": messages, "reasoning_content": tokenizer.hf.decode(reasoning),
+            "content": tokenizer.hf.decode(content), "reasoning_closed": closed, "finish_reason": finish_reason,
+            "prompt_token_ids": prompt_ids, "completion_token_ids": completion}
+
+
+def generate_responses(prompts_path, target_dir, out_path, *, trust_remote_code, max_tokens, temperature, seed,
                        chat_template_kwargs, think_start, think_end, end_of_turn, vllm):
     """Answer every prompt of `prompts_path` with the target; write canonical records with
     token ids (docs/CONTRACTS.md) to `out_path`, atomically. `vllm`: the config's engine
-    settings (eaglenest.engine.engine_args)."""
+    settings (eaglenest.engine.engine_args). trust_remote_code: run the target's own code
+    (config target.trust_remote_code). Completions end at the end-of-turn token, given to vLLM
+    explicitly rather than left to the target's generation_config.json."""
     prompts = read_prompts(prompts_path)
-    tokenizer = Tokenizer(target_dir, think_start=think_start, think_end=think_end,
-                          end_of_turn=end_of_turn, chat_template_kwargs=chat_template_kwargs)
+    tokenizer = Tokenizer(target_dir, trust_remote_code=trust_remote_code, think_start=think_start,
+                          think_end=think_end, end_of_turn=end_of_turn, chat_template_kwargs=chat_template_kwargs)
     prompt_ids = [tokenizer.prompt(messages) for _, messages, _ in prompts]
     for (_, _, where), ids in zip(prompts, prompt_ids):
         if len(ids) >= vllm["max_model_len"]:
             raise InputError(f"{where}: field 'messages': the prompt has {len(ids)} tokens, "
                              f"vllm.max_model_len is {vllm['max_model_len']}")
     log.info("generating for %d prompts (max_tokens %d, temperature %g)", len(prompts), max_tokens, temperature)
-    run = generate(target_dir, prompt_ids, vllm, max_tokens=max_tokens, temperature=temperature, seed=seed)
-    decode = tokenizer.hf.decode
+    run = generate(target_dir, prompt_ids, vllm, trust_remote_code=trust_remote_code,
+                   stop_token_ids=[tokenizer.end_of_turn], max_tokens=max_tokens, temperature=temperature, seed=seed)
     with atomic_path(out_path) as tmp, open(tmp, "w", encoding="utf-8") as out:
         for (prompt_id, messages, _), ids, completion, finish in zip(
                 prompts, prompt_ids, run["token_ids"], run["finish_reasons"]):
-            if finish not in ("stop", "length"):
-                raise RuntimeError(f"vLLM finished prompt {prompt_id!r} with {finish!r}")
-            reasoning, content = split_completion(completion, thinking=ids[-1] == tokenizer.think_start,
-                                                  think_end=tokenizer.think_end, end_of_turn=tokenizer.end_of_turn)
-            record = {"id": prompt_id, "messages": messages, "reasoning_content": decode(reasoning),
-                      "content": decode(content), "finish_reason": finish,
-                      "prompt_token_ids": ids, "completion_token_ids": completion}
+            record = response_record(prompt_id, messages, ids, completion, finish, tokenizer)
             out.write(json.dumps(record, ensure_ascii=False) + "\n")
     log.info("%d responses, %d tokens in %.1fs (%.0f tok/s, vLLM %s)", len(prompts), run["generated_tokens"],
              run["generate_s"], run["tokens_per_s"], run["vllm_version"])

@@ -2,11 +2,11 @@
 
 Two record shapes are accepted (README "Input records", docs/CONTRACTS.md):
   canonical  {"id", "messages", "reasoning_content", "content", "finish_reason",
-              optional "prompt_token_ids", "completion_token_ids"}
+              optional "reasoning_closed", "prompt_token_ids", "completion_token_ids"}
   openai     {"id"?, "messages", "response": <chat.completion object>} where the response's
              choices[0] holds message.reasoning_content (or .reasoning), message.content,
              finish_reason and, from vLLM with return_token_ids, token_ids; the response
-             holds prompt_token_ids.
+             holds prompt_token_ids; "reasoning_closed", optional, sits beside "messages".
 Both become one Record.
 """
 
@@ -26,6 +26,7 @@ class Record:
     reasoning_content: str
     content: str
     finish_reason: str
+    reasoning_closed: bool | None  # the model emitted </think>; None: the record does not say
     prompt_token_ids: list | None
     completion_token_ids: list | None
     where: str  # "file:line", for error messages downstream
@@ -38,41 +39,46 @@ def _finish_reason(fields, field):
     return reason
 
 
+def _openai_fields(f):
+    """The Record fields held by an OpenAI-shaped object's "response"."""
+    response = f.sub("response")
+    choices = response.get("choices", list)
+    if not choices or not isinstance(choices[0], dict):
+        raise response.error("choices", "expected a non-empty list of objects")
+    choice = Fields(f.where, choices[0], f"{response.prefix}choices[0].")
+    message = choice.sub("message")
+    reasoning = message.get("reasoning_content", str, optional=True, allow_none=True)
+    if reasoning is None:
+        reasoning = message.get("reasoning", str, optional=True, allow_none=True)
+    return dict(
+        id=f.get("id", str, optional=True) or response.get("id", str),
+        reasoning_content=reasoning or "",
+        content=message.get("content", str, allow_none=True) or "",
+        finish_reason=_finish_reason(choice, "finish_reason"),
+        prompt_token_ids=response.token_ids("prompt_token_ids"),
+        completion_token_ids=choice.token_ids("token_ids"),
+    )
+
+
 def parse_record(obj, where):
     """One JSON object (either shape) → Record."""
     f = object_fields(where, obj)
     messages = parse_messages(f)
     if "response" in obj:
-        response = f.sub("response")
-        choices = response.get("choices", list)
-        if not choices or not isinstance(choices[0], dict):
-            raise response.error("choices", "expected a non-empty list of objects")
-        choice = Fields(where, choices[0], f"{response.prefix}choices[0].")
-        message = choice.sub("message")
-        reasoning = message.get("reasoning_content", str, optional=True, allow_none=True)
-        if reasoning is None:
-            reasoning = message.get("reasoning", str, optional=True, allow_none=True)
-        record_id = f.get("id", str, optional=True) or response.get("id", str)
-        return Record(
-            id=record_id,
-            messages=messages,
-            reasoning_content=reasoning or "",
-            content=message.get("content", str, allow_none=True) or "",
-            finish_reason=_finish_reason(choice, "finish_reason"),
-            prompt_token_ids=response.token_ids("prompt_token_ids"),
-            completion_token_ids=choice.token_ids("token_ids"),
-            where=where,
+        fields = _openai_fields(f)
+    else:
+        fields = dict(
+            id=f.get("id", str),
+            reasoning_content=f.get("reasoning_content", str),
+            content=f.get("content", str),
+            finish_reason=_finish_reason(f, "finish_reason"),
+            prompt_token_ids=f.token_ids("prompt_token_ids"),
+            completion_token_ids=f.token_ids("completion_token_ids"),
         )
-    return Record(
-        id=f.get("id", str),
-        messages=messages,
-        reasoning_content=f.get("reasoning_content", str),
-        content=f.get("content", str),
-        finish_reason=_finish_reason(f, "finish_reason"),
-        prompt_token_ids=f.token_ids("prompt_token_ids"),
-        completion_token_ids=f.token_ids("completion_token_ids"),
-        where=where,
-    )
+    closed = f.get("reasoning_closed", bool, optional=True, allow_none=True)
+    if closed is False and fields["content"]:
+        raise f.error("reasoning_closed", "false, but there is content (content is what follows </think>)")
+    return Record(messages=messages, reasoning_closed=closed, where=where, **fields)
 
 
 def read_records(path):

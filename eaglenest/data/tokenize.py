@@ -5,12 +5,14 @@ input_ids = rendered prompt (chat template, add_generation_prompt=True, the temp
 at generation time) + the generated tokens; loss_mask = 1 exactly on the generated tokens.
 
 Generated tokens, when the record has no token ids (thinking mode: the prompt ends with <think>):
-    stop                      REASONING </think> CONTENT <|im_end|>
-    length, content == ""     REASONING                       (cut while thinking)
-    length, content != ""     REASONING </think> CONTENT      (cut while answering)
-Non-thinking prompts (not ending with <think>) take CONTENT [<|im_end|>] and no reasoning.
-Record token ids, when present, are used verbatim. Text from users and from the model is encoded
-with special-token parsing OFF, so a literal "<think>" typed by a user stays plain text.
+    think block closed        REASONING </think> CONTENT [<|im_end|>]
+    think block still open    REASONING [<|im_end|>]          (stopped or cut while thinking)
+with <|im_end|> only when finish_reason is "stop". The block is closed when the record says so
+(reasoning_closed) or, when it does not, when there is content: a </think> the model may not have
+emitted is never added. Non-thinking prompts (not ending with <think>) take CONTENT [<|im_end|>]
+and no reasoning. Record token ids, when present, are used verbatim. Text from users and from the
+model is encoded with special-token parsing OFF, so a literal "<think>" typed by a user stays
+plain text, whatever the tokenizer's encode defaults to (Tokenizer.text).
 """
 
 import json
@@ -37,7 +39,7 @@ def tokenize_record(record, tokenizer):
             raise InputError(f"{record.where}: field 'prompt_token_ids'/'completion_token_ids': id {bad[0]} outside the vocabulary ({vocab})")
     else:
         prompt = tokenizer.prompt(record.messages)
-        generated = tokenizer.generated(record, thinking=prompt[-1] == tokenizer.think_start)
+        generated = tokenizer.generated(record, thinking=tokenizer.thinking(prompt))
     return prompt + generated, [0] * len(prompt) + [1] * len(generated)
 
 
@@ -47,6 +49,7 @@ def tokenize_file(
     out_path,
     report_path,
     *,
+    trust_remote_code,
     max_seq_len,
     overlong,
     chat_template_kwargs,
@@ -54,12 +57,14 @@ def tokenize_file(
     think_end,
     end_of_turn,
 ):
-    """raw_responses.jsonl → tokenized_data.jsonl + tokenize_report.json, both atomic."""
+    """raw_responses.jsonl → tokenized_data.jsonl + tokenize_report.json, both atomic.
+    trust_remote_code: run the tokenizer's own code (config target.trust_remote_code)."""
     if overlong not in OVERLONG_POLICIES:
         raise ValueError(f"overlong must be one of {OVERLONG_POLICIES}, got {overlong!r}")
     records = read_records(raw_path)
     tokenizer = Tokenizer(
         target_dir,
+        trust_remote_code=trust_remote_code,
         think_start=think_start,
         think_end=think_end,
         end_of_turn=end_of_turn,

@@ -2,42 +2,110 @@
 
 Its own module because two stages use it: generate (what the target is asked) and tokenize
 (the stream it is trained on); editing how records are read concerns only the latter.
-What the stream must be: docs/CONVENTIONS.md, "Token stream".
+What the stream must be: docs/CONVENTIONS.md, "Token stream". Why plain text needs a route of its
+own, chosen by what the tokenizer is: docs/PITFALLS.md, "Kimi-K2.5 as it ships".
 """
 
+import copy
 import re
+import sys
 
 from eaglenest.workflow.errors import InputError
 
 # Private-use characters mark where message contents sit in the rendered template.
 _SLOT = re.compile("\ue000(\\d+)\ue001")
+# Text with no special token in it, on which the plain-text route must agree with the tokenizer.
+_ORDINARY = "Plain text: 12 + 30 = 42, isn't it?"
+
+
+def load_tokenizer(target_dir, *, trust_remote_code):
+    """The target's HF tokenizer; its own code (auto_map) runs only with `trust_remote_code`."""
+    from transformers import AutoTokenizer
+
+    try:
+        return AutoTokenizer.from_pretrained(target_dir, trust_remote_code=trust_remote_code)
+    except ValueError as e:
+        if trust_remote_code or "trust_remote_code" not in str(e):
+            raise
+        raise InputError(f"{target_dir}/tokenizer_config.json: field 'auto_map': the tokenizer is the target's "
+                         "own code; set target.trust_remote_code: true to run it") from None
+
+
+def special_token_id(hf, token):
+    """The one id of `token` in `hf`'s vocabulary, looked up rather than encoded: what encoding
+    its text gives depends on how the tokenizer's encode parses special tokens."""
+    token_id = hf.convert_tokens_to_ids(token)
+    if token_id is None or hf.convert_ids_to_tokens(token_id) != token:
+        raise InputError(f"tokenizer {type(hf).__name__}: {token!r} is not one token of its vocabulary")
+    return token_id
+
+
+def plain_text_route(hf):
+    """(name, encode) for text whose special-token text must stay text, whatever `hf.encode`
+    defaults to (remote code may ignore split_special_tokens: Kimi's does):
+    - a tokenizer holding a tiktoken Encoding (Kimi's `.model`): the Encoding, disallowed_special=();
+    - a fast tokenizer: a copy of its backend, told to encode special tokens as text (a copy, so
+      that the flag never reaches the template's encoding);
+    - any other: its encode with split_special_tokens=True.
+    The Tokenizer probes the route before it trusts it."""
+    tiktoken = sys.modules.get("tiktoken")  # a tokenizer can hold an Encoding only once tiktoken is loaded
+    encodings = [v for v in vars(hf).values() if tiktoken and isinstance(v, tiktoken.Encoding)]
+    if len(encodings) > 1:
+        raise InputError(f"tokenizer {type(hf).__name__}: holds {len(encodings)} tiktoken Encodings; "
+                         "which one encodes plain text is unknown")
+    if encodings:
+        return "tiktoken Encoding", lambda text: encodings[0].encode(text, disallowed_special=())
+    if hf.is_fast:
+        backend = copy.deepcopy(hf.backend_tokenizer)
+        backend.encode_special_tokens = True
+        return "tokenizers backend", lambda text: backend.encode(text, add_special_tokens=False).ids
+    return "split_special_tokens=True", lambda text: hf.encode(text, add_special_tokens=False,
+                                                                split_special_tokens=True)
 
 
 class Tokenizer:
-    """The target's HF tokenizer plus the ids of the tokens the stream is built from."""
+    """The target's HF tokenizer, its plain-text route, and the ids of the tokens the stream is built from."""
 
-    def __init__(self, target_dir, *, think_start, think_end, end_of_turn, chat_template_kwargs):
-        from transformers import AutoTokenizer
-
-        self.hf = AutoTokenizer.from_pretrained(target_dir)
+    def __init__(self, target_dir, *, trust_remote_code, think_start, think_end, end_of_turn, chat_template_kwargs):
+        self.hf = load_tokenizer(target_dir, trust_remote_code=trust_remote_code)
         self.template_kwargs = dict(chat_template_kwargs)
-        self.think_start = self.special_id(think_start)
-        self.think_end = self.special_id(think_end)
-        self.end_of_turn = self.special_id(end_of_turn)
+        stream = {token: special_token_id(self.hf, token) for token in (think_start, think_end, end_of_turn)}
+        self.think_start, self.think_end, self.end_of_turn = stream.values()
+        self.route, self._plain = plain_text_route(self.hf)
+        self._check_routes(stream)
 
-    def special_id(self, token):
-        ids = self.hf.encode(token, add_special_tokens=False)
-        if len(ids) != 1:
-            raise InputError(f"tokenizer: {token!r} is not a single special token (encodes to {ids})")
-        return ids[0]
+    def _check_routes(self, stream):
+        """Refuse, rather than guess, a tokenizer whose plain-text route turns the text of any special
+        or added token into a special id, or whose template route does not parse the stream's tokens
+        (`stream`: their text -> id)."""
+        hf, name = self.hf, type(self.hf).__name__
+        special = {i for i, t in hf.added_tokens_decoder.items() if t.special}
+        special |= set(hf.all_special_ids) | set(stream.values())
+        texts = {t.content for t in hf.added_tokens_decoder.values()} | set(hf.all_special_tokens) | set(stream)
+        for text in sorted(texts):
+            leaked = [i for i in self.text(text) if i in special]
+            if leaked:
+                raise InputError(f"tokenizer {name}: its plain-text route ({self.route}) encodes the text {text!r} "
+                                 f"to special id {leaked[0]}: it offers no way to encode plain text, so text "
+                                 "typed by a user would become control tokens")
+        if self.text(_ORDINARY) != hf.encode(_ORDINARY, add_special_tokens=False):
+            raise InputError(f"tokenizer {name}: its plain-text route ({self.route}) disagrees with its own "
+                             f"encode on {_ORDINARY!r}, which holds no special token")
+        for token, token_id in stream.items():
+            if self.template(token) != [token_id]:
+                raise InputError(f"tokenizer {name}: template text {token!r} does not encode to its one id")
 
     def text(self, text):
-        """Encode text that must never produce special tokens."""
-        return self.hf.encode(text, add_special_tokens=False, split_special_tokens=True)
+        """Encode text that must never produce special tokens (user, system and model text)."""
+        return self._plain(text)
 
     def template(self, text):
         """Encode template text, whose special tokens are real."""
-        return self.hf.encode(text, add_special_tokens=False)
+        return self.hf.encode(text, add_special_tokens=False, split_special_tokens=False)
+
+    def thinking(self, prompt_ids):
+        """Whether a rendered prompt leaves a think block open (it ends with <think>)."""
+        return prompt_ids[-1] == self.think_start
 
     def prompt(self, messages):
         """Render the prompt with the generation prompt; message contents are encoded as plain text."""
@@ -52,16 +120,21 @@ class Tokenizer:
         return ids
 
     def generated(self, record, thinking):
-        """The tokens the model emitted for this record (see module docstring)."""
+        """The tokens the model emitted for a record without token ids, rebuilt from its text.
+
+        A think block counts as closed when the record says so (reasoning_closed) or, when it does
+        not, when there is content: a </think> the model may not have emitted is never added."""
+        end = [self.end_of_turn] if record.finish_reason == "stop" else []
         if not thinking:
-            if record.reasoning_content:
+            if record.reasoning_content or record.reasoning_closed:
+                field = "reasoning_content" if record.reasoning_content else "reasoning_closed"
                 raise InputError(
-                    f"{record.where}: field 'reasoning_content': non-empty, but the generation prompt "
+                    f"{record.where}: field '{field}': the record has reasoning, but the generation prompt "
                     "does not open a think block (check chat_template_kwargs)"
                 )
-            return self.text(record.content) + ([self.end_of_turn] if record.finish_reason == "stop" else [])
+            return self.text(record.content) + end
+        closed = bool(record.content) if record.reasoning_closed is None else record.reasoning_closed
         ids = self.text(record.reasoning_content)
-        if record.finish_reason == "length" and not record.content:
-            return ids
-        ids += [self.think_end] + self.text(record.content)
-        return ids + ([self.end_of_turn] if record.finish_reason == "stop" else [])
+        if closed:
+            ids += [self.think_end] + self.text(record.content)
+        return ids + end

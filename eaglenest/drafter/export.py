@@ -5,7 +5,9 @@ Every config key below is read by vLLM's loaders (checked against vllm 0.32):
 `transformers_utils/configs/speculators/algos.py::update_eagle3` (speculators format) and
 `model_executor/models/llama_eagle3.py` (both formats), where the defaults differ:
 `norm_before_residual` defaults to True for the speculators format but to False for the
-EAGLE/SGLang format, so we always write it.
+EAGLE/SGLang format, so we always write it. The RoPE, scaling included, goes in the layer's
+`rope_parameters` (what vLLM's `get_rope` reads); the EAGLE format adds SGLang's `rope_theta`
+and `rope_scaling`.
 """
 
 import json
@@ -14,6 +16,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 
+from eaglenest.drafter.load import rope_of
 from eaglenest.workflow.atomic import atomic_dir
 
 
@@ -31,7 +34,7 @@ def speculators_config(c, *, verifier_name_or_path, verifier_architectures, spec
         "hidden_act": "silu",
         "rms_norm_eps": c.rms_norm_eps,
         "max_position_embeddings": c.max_position_embeddings,
-        "rope_parameters": {"rope_type": "default", "rope_theta": c.rope_theta},
+        "rope_parameters": {**(c.rope_scaling or {"rope_type": "default"}), "rope_theta": c.rope_theta},
         "attention_bias": False,
         "mlp_bias": False,
         "tie_word_embeddings": False,
@@ -99,9 +102,15 @@ def write_drafter(
 
 
 def eagle_config(speculators):
-    """The EAGLE/SGLang config.json (vLLM's LlamaForCausalLMEagle3) of a speculators-format config."""
+    """The EAGLE/SGLang config.json (vLLM's LlamaForCausalLMEagle3) of a speculators-format config.
+    The RoPE in both shapes: `rope_parameters` for vLLM, `rope_theta` and `rope_scaling` (None for
+    plain RoPE) for SGLang's Llama layer."""
+    layer = speculators["transformer_layer_config"]
+    rope_theta, rope_scaling = rope_of(layer)
     return {
-        **speculators["transformer_layer_config"],
+        **layer,
+        "rope_theta": rope_theta,
+        "rope_scaling": None if rope_scaling["rope_type"] == "default" else rope_scaling,
         "architectures": ["LlamaForCausalLMEagle3"],
         "draft_vocab_size": speculators["draft_vocab_size"],
         "target_hidden_size": speculators["target_hidden_size"],

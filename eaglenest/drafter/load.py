@@ -26,21 +26,24 @@ def _read_weights(directory):
     return state
 
 
-def _rope_theta(layer, require_plain_rope):
-    """rope_theta of a Llama layer config; only plain RoPE is implemented by our drafter."""
-    rope_type, rope_theta = rope_settings(layer)
-    if require_plain_rope and rope_type != "default":
-        raise ValueError(f"drafter uses rope_type {rope_type!r}; only plain RoPE is implemented")
-    return rope_theta
+def rope_of(config):
+    """(rope_theta, rope_scaling) of a model config dict (a target's text config or a drafter's
+    layer config), every key of its rope kept: transformers 5's `rope_parameters`, or the older
+    `rope_scaling` beside `rope_theta`. DrafterConfig refuses a scaling it does not compute."""
+    params = config.get("rope_parameters") or config.get("rope_scaling") or {}
+    scaling = {key: value for key, value in params.items() if key != "rope_theta"}
+    return rope_settings(config)[1], scaling or None
 
 
-def read_checkpoint(path, *, require_plain_rope=True):
+def read_checkpoint(path):
     """(DrafterConfig, state_dict with speculators names) from a drafter dir in either format.
 
     Speculators format: config has `speculators_model_type`, weights `layers.0.*`.
     EAGLE/SGLang format: a Llama config (`LlamaForCausalLMEagle3`), weights `midlayer.*`,
     aux ids under `eagle_config`. Defaults follow vLLM's for each format. A missing d2t means
     the draft vocab is the target vocab; a missing embed_tokens is left out of the state.
+    The RoPE is the checkpoint's, scaling included: a type the drafter does not compute is a
+    ValueError naming it.
     """
     path = Path(path)
     config = json.loads((path / "config.json").read_text())
@@ -68,6 +71,7 @@ def read_checkpoint(path, *, require_plain_rope=True):
         raise ValueError(f"EAGLE-3 needs 3 aux layer ids, got {aux_layer_ids}")
 
     hidden_size = layer["hidden_size"]
+    rope_theta, rope_scaling = rope_of(layer)
     num_heads = layer["num_attention_heads"]
     target_vocab_size = layer["vocab_size"]
     draft_vocab_size = config.get("draft_vocab_size") or target_vocab_size
@@ -82,7 +86,8 @@ def read_checkpoint(path, *, require_plain_rope=True):
         head_dim=layer.get("head_dim") or hidden_size // num_heads,
         aux_layer_ids=list(aux_layer_ids) if aux_layer_ids is not None else None,
         rms_norm_eps=layer.get("rms_norm_eps", 1e-6),
-        rope_theta=_rope_theta(layer, require_plain_rope),
+        rope_theta=rope_theta,
+        rope_scaling=rope_scaling,
         max_position_embeddings=layer.get("max_position_embeddings", 32768),
         norm_before_residual=bool(norm_before_residual),
     )

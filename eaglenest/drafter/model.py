@@ -15,6 +15,7 @@ Mirrors vLLM's `Eagle3LlamaForCausalLM` (vllm/model_executor/models/llama_eagle3
     feeds the second one back (`aux_output = hidden_prenorm` unless `norm_output`).
 
 Parameter and buffer names are the speculators weight names, so export is a state_dict save.
+RoPE is computed as vLLM computes it for the drafter's Llama layer (`get_rope`): plain, or YaRN.
 """
 
 import math
@@ -37,12 +38,47 @@ class DrafterConfig:
     head_dim: int
     aux_layer_ids: list  # the 3 target layer ids, vLLM convention (residual entering layer k)
     rms_norm_eps: float = 1e-6
-    rope_theta: float = 10000.0  # plain RoPE, no scaling
+    rope_theta: float = 10000.0
+    rope_scaling: dict | None = None  # None: plain RoPE; else {"rope_type": "yarn", ...} (see checked_rope_scaling)
     max_position_embeddings: int = 32768
     norm_before_residual: bool = False
 
+    def __post_init__(self):
+        self.rope_scaling = checked_rope_scaling(self.rope_scaling, self.max_position_embeddings)
+
     def to_dict(self):
         return asdict(self)
+
+
+ROPE_TYPES = ("default", "yarn")  # what the drafter computes; any other type is refused, never dropped
+# The keys vLLM's get_rope hands to YaRNScalingRotaryEmbedding.
+YARN_KEYS = ("factor", "original_max_position_embeddings", "beta_fast", "beta_slow", "mscale", "mscale_all_dim",
+             "attention_factor", "truncate")
+
+
+def checked_rope_scaling(scaling, max_position_embeddings):
+    """`scaling` (HF/vLLM shape, `rope_type` or the older `type`, no rope_theta) in one form: None
+    for plain RoPE, else {"rope_type": "yarn", the YaRN keys given}. Raises ValueError naming the
+    rope_type or keys the drafter does not compute, rather than train or serve something else."""
+    if not scaling:
+        return None
+    params = dict(scaling)
+    rope_type = params.pop("rope_type", params.pop("type", "default"))
+    if rope_type not in ROPE_TYPES:
+        raise ValueError(f"rope_type {rope_type!r} is not implemented by the drafter (only {', '.join(ROPE_TYPES)})")
+    if unknown := sorted(set(params) - set(YARN_KEYS if rope_type == "yarn" else ())):
+        raise ValueError(f"rope_type {rope_type!r}: keys not implemented by the drafter: {unknown}")
+    if rope_type == "default":
+        return None
+    if missing := [key for key in YARN_KEYS[:2] if key not in params]:
+        raise ValueError(f"rope_type 'yarn' needs {missing}")
+    covered = params["original_max_position_embeddings"] * params["factor"]
+    if max_position_embeddings > covered:  # vLLM's YaRN cos/sin cache has `covered` positions
+        raise ValueError(
+            f"max_position_embeddings {max_position_embeddings} is beyond the {covered:g} positions YaRN covers "
+            "(original_max_position_embeddings × factor)"
+        )
+    return {"rope_type": "yarn", **params}
 
 
 class RMSNorm(nn.Module):
@@ -60,15 +96,58 @@ class RMSNorm(nn.Module):
         return self.weight * x.to(dtype)
 
 
-def apply_rope(x, positions, theta):
+def yarn_mscale(factor, mscale=1.0):
+    """YaRN's magnitude correction for a context `factor` times longer (vLLM's yarn_get_mscale)."""
+    return 1.0 if factor <= 1 else 0.1 * mscale * math.log(factor) + 1.0
+
+
+def yarn_correction_dim(rotations, dim, theta, original_max_position):
+    """The dim whose wavelength makes `rotations` turns over the original context."""
+    return dim * math.log(original_max_position / (rotations * 2 * math.pi)) / (2 * math.log(theta))
+
+
+def rope_frequencies(dim, theta, scaling, device):
+    """(inv_freq [dim/2], magnitude of cos and sin), computed as vLLM's RotaryEmbedding (plain) and
+    YaRNScalingRotaryEmbedding do, in the same float32 steps: YaRN keeps the original
+    frequencies of the fast dims, divides those of the slow dims by `factor`, blends between
+    them over a linear ramp of dims, and scales cos and sin by an mscale."""
+    pos_freqs = theta ** (torch.arange(0, dim, 2, device=device, dtype=torch.float32) / dim)
+    if scaling is None:
+        return 1.0 / pos_freqs, 1.0
+    factor, original = scaling["factor"], scaling["original_max_position_embeddings"]
+    low = yarn_correction_dim(scaling.get("beta_fast", 32), dim, theta, original)
+    high = yarn_correction_dim(scaling.get("beta_slow", 1), dim, theta, original)
+    if scaling.get("truncate", True):
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, dim - 1)
+    if low == high:
+        high += 0.001  # as vLLM: no division by zero
+    ramp = ((torch.arange(dim // 2, device=device, dtype=torch.float32) - low) / (high - low)).clamp(0, 1)
+    keep = 1 - ramp  # 1: the original frequency (extrapolation), 0: the interpolated one
+    inv_freq = 1.0 / (factor * pos_freqs) * (1 - keep) + 1.0 / pos_freqs * keep
+    if scaling.get("attention_factor") is not None:
+        mscale = float(scaling["attention_factor"])
+    elif scaling.get("mscale") and scaling.get("mscale_all_dim"):
+        mscale = yarn_mscale(factor, scaling["mscale"]) / yarn_mscale(factor, scaling["mscale_all_dim"])
+    else:
+        mscale = yarn_mscale(factor)
+    return inv_freq, mscale
+
+
+def rope_cos_sin(positions, dim, theta, scaling=None):
+    """cos, sin [..., T, dim/2] at `positions` [..., T]: the rows of vLLM's cos_sin_cache."""
+    inv_freq, mscale = rope_frequencies(dim, theta, scaling, positions.device)
+    freqs = positions.to(torch.float32)[..., None] * inv_freq
+    return freqs.cos() * mscale, freqs.sin() * mscale
+
+
+def apply_rope(x, positions, theta, scaling=None):
     """Rotate-half (neox) RoPE. x [B, T, heads, D], positions [B, T] or [T] -> [B, T, heads, D]."""
-    dim = x.shape[-1]
-    inv_freq = 1.0 / theta ** (torch.arange(0, dim, 2, device=x.device, dtype=torch.float32) / dim)
-    freqs = positions.to(torch.float32)[..., None] * inv_freq  # [..., T, D/2]
-    angles = torch.cat([freqs, freqs], dim=-1)[..., None, :]  # [..., T, 1, D]
+    cos, sin = rope_cos_sin(positions, x.shape[-1], theta, scaling)
+    cos, sin = torch.cat([cos, cos], dim=-1)[..., None, :], torch.cat([sin, sin], dim=-1)[..., None, :]  # [..., T, 1, D]
     x1, x2 = x.float().chunk(2, dim=-1)
     rotated = torch.cat([-x2, x1], dim=-1)
-    return (x.float() * angles.cos() + rotated * angles.sin()).to(x.dtype)
+    return (x.float() * cos + rotated * sin).to(x.dtype)
 
 
 def repeat_kv(x, num_heads):
@@ -115,7 +194,7 @@ class Attention(nn.Module):
         self.num_heads = c.num_attention_heads
         self.num_kv_heads = c.num_key_value_heads
         self.head_dim = c.head_dim
-        self.rope_theta = c.rope_theta
+        self.rope_theta, self.rope_scaling = c.rope_theta, c.rope_scaling
         self.q_proj = nn.Linear(2 * c.hidden_size, c.num_attention_heads * c.head_dim, bias=False)
         self.k_proj = nn.Linear(2 * c.hidden_size, c.num_key_value_heads * c.head_dim, bias=False)
         self.v_proj = nn.Linear(2 * c.hidden_size, c.num_key_value_heads * c.head_dim, bias=False)
@@ -128,8 +207,8 @@ class Attention(nn.Module):
         q = self.q_proj(x).view(B, T, self.num_heads, self.head_dim)
         k = self.k_proj(x).view(B, T, self.num_kv_heads, self.head_dim)
         v = self.v_proj(x).view(B, T, self.num_kv_heads, self.head_dim)
-        q = apply_rope(q, positions, self.rope_theta)
-        k = apply_rope(k, positions, self.rope_theta)
+        q = apply_rope(q, positions, self.rope_theta, self.rope_scaling)
+        k = apply_rope(k, positions, self.rope_theta, self.rope_scaling)
         return self.o_proj(attend(q, k, v).reshape(B, T, -1))
 
 

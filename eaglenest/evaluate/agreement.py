@@ -111,7 +111,8 @@ def check_agreement(online, offline, tolerance, diagnose):
 
 
 def verify_agreement(target_dir, drafter_dir, trained_config_path, manifest_path, d2t_path, t2d_path,
-                     prompts, continuations, counters, *, num_speculative_tokens, agreement_tolerance):
+                     prompts, continuations, counters, *, num_speculative_tokens, agreement_tolerance,
+                     trust_remote_code):
     """vLLM's acceptance (`counters`, from drafting on `continuations`) against the offline
     evaluator's on the same text -> (online, offline, largest gap per position); InputError
     naming the misreadings that reproduce vLLM's numbers when the gap exceeds the tolerance."""
@@ -122,7 +123,7 @@ def verify_agreement(target_dir, drafter_dir, trained_config_path, manifest_path
     trained = DrafterConfig(**json.loads(Path(trained_config_path).read_text()))
     d2t, t2d = load_vocab(d2t_path, t2d_path)
     drafter = trained_drafter(drafter_dir, trained, d2t, t2d, read_target_embedding(target_dir))
-    model = load_target(target_dir, "float32", "cpu")
+    model = load_target(target_dir, "float32", "cpu", trust_remote_code=trust_remote_code)
     offline = offline_acceptance(model, drafter, aux_layer_ids, prompts, continuations, K)
     log.info("vLLM %s, offline %s", online["acceptance_rate_per_position"], offline["acceptance_rate_per_position"])
 

@@ -9,6 +9,7 @@ import json
 import logging
 
 from eaglenest.data.samples import is_heldout, read_tokenized
+from eaglenest.data.tokenizer import load_tokenizer, special_token_id
 from eaglenest.engine import generate
 from eaglenest.evaluate.agreement import verify_agreement
 from eaglenest.workflow.atomic import atomic_path, write_json
@@ -32,18 +33,21 @@ def heldout_prompts(tokenized_path, heldout_fraction, max_prompts):
 
 def evaluate_vllm(tokenized_path, target_dir, drafter_dir, trained_config_path, manifest_path, d2t_path, t2d_path,
                   metrics_path, outputs_path, *, heldout_fraction, num_speculative_tokens, max_tokens,
-                  max_prompts, concurrency, agreement_tolerance, vllm):
+                  max_prompts, concurrency, agreement_tolerance, vllm, trust_remote_code, end_of_turn):
     """Run the target in vLLM without and with the drafter on the held-out prompts; write the
     greedy continuations (JSONL) and vllm_metrics.json; fail when speculation changed the text
     or when vLLM's acceptance disagrees with the offline evaluator on that text.
-    `concurrency` requests run at once: speculation pays off when decoding is latency-bound."""
+    `concurrency` requests run at once: speculation pays off when decoding is latency-bound.
+    Continuations end at the `end_of_turn` token, as the target's turns do when it is served."""
     K = num_speculative_tokens
     ids, prompts = heldout_prompts(tokenized_path, heldout_fraction, max_prompts)
     log.info("%d held-out prompts, %d tokens each at most, K=%d", len(prompts), max_tokens, K)
-    plain = generate(target_dir, prompts, vllm, max_tokens=max_tokens, max_num_seqs=concurrency)
+    engine = {"trust_remote_code": trust_remote_code, "max_tokens": max_tokens, "max_num_seqs": concurrency,
+              "stop_token_ids": [special_token_id(load_tokenizer(target_dir, trust_remote_code=trust_remote_code),
+                                                  end_of_turn)]}
+    plain = generate(target_dir, prompts, vllm, **engine)
     log.info("without speculation: %.0f tok/s", plain["tokens_per_s"])
-    spec = generate(target_dir, prompts, vllm, max_tokens=max_tokens, max_num_seqs=concurrency,
-                    drafter_dir=drafter_dir, num_speculative_tokens=K)
+    spec = generate(target_dir, prompts, vllm, **engine, drafter_dir=drafter_dir, num_speculative_tokens=K)
     log.info("with the drafter: %.0f tok/s, counters %s", spec["tokens_per_s"], spec["counters"])
     with atomic_path(outputs_path) as tmp, open(tmp, "w") as f:
         for sample_id, prompt, tokens in zip(ids, prompts, plain["token_ids"]):
@@ -56,7 +60,8 @@ def evaluate_vllm(tokenized_path, target_dir, drafter_dir, trained_config_path, 
                          f"first {ids[changed[0]]!r} at generated token {at}")
     online, offline, gap = verify_agreement(
         target_dir, drafter_dir, trained_config_path, manifest_path, d2t_path, t2d_path, prompts,
-        plain["token_ids"], spec["counters"], num_speculative_tokens=K, agreement_tolerance=agreement_tolerance)
+        plain["token_ids"], spec["counters"], num_speculative_tokens=K, agreement_tolerance=agreement_tolerance,
+        trust_remote_code=trust_remote_code)
     metrics = {
         "vllm_version": plain["vllm_version"],
         "num_speculative_tokens": K,

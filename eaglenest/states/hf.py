@@ -5,21 +5,65 @@ state is ever materialised.
 """
 
 import logging
+import re
 import time
 
 import torch
 
+from eaglenest.data.target import target_config, target_is_wrapped, target_ties_embeddings, target_weight_prefix
 from eaglenest.states.convention import DTYPES, resolve_aux_layer_ids
 from eaglenest.states.shards import write_shard
+from eaglenest.workflow.errors import InputError
 
 log = logging.getLogger(__name__)
 
+# Text model types that transformers knows under another name: Kimi-K2.5's text_config says
+# kimi_k2 (its remote code's DeepSeek-V3), which transformers' own Kimi-K2.5 config reads as deepseek_v3.
+TEXT_MODEL_TYPES = {"kimi_k2": "deepseek_v3"}
 
-def load_target(target_dir, dtype, device):
-    """Load the target as an HF causal LM in eval mode."""
+
+def text_model_config(target_dir):
+    """The transformers config of a wrapped target's text model, built from `text_config` with
+    transformers' own classes (the wrapper's remote code is never run: it would build the vision
+    tower too). Its tie_word_embeddings is the one eaglenest.data.target reads."""
+    from transformers import AutoConfig, __version__
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+
+    text = dict(target_config(target_dir))
+    text.pop("auto_map", None)  # the text model's classes are transformers', not the target's code
+    named = text.pop("model_type", None)
+    model_type = TEXT_MODEL_TYPES.get(named, named)
+    if model_type not in CONFIG_MAPPING:
+        raise InputError(
+            f"{target_dir}/config.json: text_config.model_type {named!r} is not a model type of transformers "
+            f"{__version__}, so the HF backend cannot build the target's text model. If transformers has that "
+            f"architecture under another name, set text_config.model_type to it in the target's config.json "
+            f"(e.g. 'deepseek_v3' for a DeepSeek-V3 text model); otherwise use a transformers that knows it.")
+    return AutoConfig.for_model(model_type, **{**text, "tie_word_embeddings": target_ties_embeddings(target_dir)})
+
+
+def load_target(target_dir, dtype, device, *, trust_remote_code):
+    """Load the target's text model as an HF causal LM in eval mode.
+
+    A multimodal wrapper (Kimi-K2.5) loads as its text model alone: the config from text_config
+    (text_model_config), the weights with their prefix mapped off, the vision tensors left
+    unused. trust_remote_code (config target.trust_remote_code) lets a plain target's own model
+    code (auto_map) run. A checkpoint that lacks any of the model's weights is refused, where
+    transformers would initialise them at random.
+    """
     from transformers import AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_pretrained(target_dir, dtype=DTYPES[dtype])
+    wrapper = {}
+    if target_is_wrapped(target_dir):
+        config = text_model_config(target_dir)
+        prefix = target_weight_prefix(target_dir)
+        wrapper = {"config": config, "key_mapping": {"^" + re.escape(prefix): ""} if prefix else None}
+    model, info = AutoModelForCausalLM.from_pretrained(
+        target_dir, dtype=DTYPES[dtype], trust_remote_code=trust_remote_code, output_loading_info=True, **wrapper)
+    if info["missing_keys"]:
+        missing = sorted(info["missing_keys"])
+        raise InputError(f"{target_dir}: the checkpoint lacks {len(missing)} of the model's weights, "
+                         f"e.g. {missing[:3]}")
     return model.to(device).eval()
 
 
@@ -49,9 +93,9 @@ def capture_states(model, input_ids, aux_layer_ids):
     return aux, captured["final"][0]
 
 
-def extract_shard(target_dir, samples, shard_path, *, aux_layer_ids, dtype, device):
+def extract_shard(target_dir, samples, shard_path, *, aux_layer_ids, dtype, device, trust_remote_code):
     """Extract hidden states of `samples` ({"id", "input_ids", "loss_mask"}) into one shard file."""
-    model = load_target(target_dir, dtype, device)
+    model = load_target(target_dir, dtype, device, trust_remote_code=trust_remote_code)
     return extract_with(model, samples, shard_path, aux_layer_ids=aux_layer_ids, dtype=dtype)
 
 

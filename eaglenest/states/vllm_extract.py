@@ -135,10 +135,10 @@ class VllmStateExtractor:
     `vllm`: the config's vllm section {dtype, tensor_parallel_size, gpu_memory_utilization,
     max_model_len, enforce_eager}, optionally eaglenest.engine.OPTIONAL_ENGINE_ARGS. Call under
     `if __name__ == "__main__":` (vLLM starts processes). The engine runs the target in
-    vllm.dtype; states are stored in `dtype`.
+    vllm.dtype; states are stored in `dtype`. trust_remote_code: config target.trust_remote_code.
     """
 
-    def __init__(self, target_dir, *, aux_layer_ids, dtype, vllm, group_tokens=GROUP_TOKENS):
+    def __init__(self, target_dir, *, aux_layer_ids, dtype, vllm, trust_remote_code, group_tokens=GROUP_TOKENS):
         config = target_config(target_dir)
         self.hidden_size = config["hidden_size"]
         self.aux_layer_ids = resolve_aux_layer_ids(aux_layer_ids, config["num_hidden_layers"])
@@ -152,7 +152,7 @@ class VllmStateExtractor:
         with worker_environment():
             self.llm = start_engine(target_dir, engine_args(
                 vllm, max_model_len=self.max_model_len + 1, enforce_eager=True, max_num_seqs=1,
-                worker_extension_cls=WORKER_EXTENSION, **extra))
+                worker_extension_cls=WORKER_EXTENSION, **extra), trust_remote_code=trust_remote_code)
         try:
             info = _rank0(self.llm.collective_rpc("eaglenest_start_capture", args=(self.aux_layer_ids,)))
         except Exception:
@@ -215,7 +215,7 @@ class VllmStateExtractor:
         self.close()
 
 
-def extract_shard_vllm(target_dir, samples, shard_path, *, aux_layer_ids, dtype, vllm):
+def extract_shard_vllm(target_dir, samples, shard_path, *, aux_layer_ids, dtype, vllm, trust_remote_code):
     """Extract hidden states of `samples` into one shard file with vLLM (engine started and stopped here).
 
     Same shard as eaglenest.states.hf.extract_shard: same keys, dtypes and layer convention.
@@ -225,5 +225,6 @@ def extract_shard_vllm(target_dir, samples, shard_path, *, aux_layer_ids, dtype,
         resolve_aux_layer_ids(aux_layer_ids, config["num_hidden_layers"])
         write_shard(shard_path, [], hidden_size=config["hidden_size"], dtype=DTYPES[dtype])
         return {"num_samples": 0, "num_tokens": 0}
-    with VllmStateExtractor(target_dir, aux_layer_ids=aux_layer_ids, dtype=dtype, vllm=vllm) as extractor:
+    with VllmStateExtractor(target_dir, aux_layer_ids=aux_layer_ids, dtype=dtype, vllm=vllm,
+                            trust_remote_code=trust_remote_code) as extractor:
         return extractor.extract_shard(samples, shard_path)

@@ -1,37 +1,68 @@
-"""A new drafter: its geometry (from the target, an init_from checkpoint, explicit overrides) and
-its first weights."""
+"""A new drafter: its geometry (from the target, an init_from checkpoint, explicit `drafter:`
+settings) and its first weights."""
 
 import logging
+import math
 
 import torch
 
-from eaglenest.data.target import rope_settings, target_config
-from eaglenest.drafter.load import read_checkpoint
+from eaglenest.data.target import target_config
+from eaglenest.drafter.load import read_checkpoint, rope_of
 from eaglenest.drafter.model import Drafter, DrafterConfig
 from eaglenest.states.convention import FINAL_STATE_CONVENTION
 from eaglenest.workflow.errors import InputError
 
 log = logging.getLogger(__name__)
 
+# The geometry for targets whose attention a Llama layer cannot copy (MLA, or no usable head_dim),
+# sized for the DeepSeek-V3 class (README "Drafter geometry" says why each).
+HEAD_DIM = 128  # served by every vLLM attention backend (FlashInfer: 64, 128, 256, 512 only)
+KV_HEADS = 8  # one KV head per GPU at tensor parallel 8 (capped to divide the heads)
+INTERMEDIATE_SIZE = 12288  # the public Kimi-K2.5 EAGLE-3 drafter's
+ROPE_THETA = 1e6  # plain RoPE; its slowest wavelength spans far more than the context
 
-def make_drafter_config(target_dir, manifest, d2t, t2d, init_config=None, geometry=None):
-    """Drafter geometry: the target's attention/MLP sizes, replaced by those of an init_from
-    checkpoint (whose weights must fit), replaced by explicit `geometry` overrides.
-    hidden_size is the target's (the drafter embeds with the target's embed_tokens)."""
-    tc = target_config(target_dir)
+
+def target_geometry(tc):
+    """The drafter geometry a target's text config implies. A Llama-style target (no MLA, a
+    head_dim given or hidden/heads an integer) lends its own attention, MLP and RoPE, scaling
+    included. Otherwise the drafter gets a Llama layer of its own: the target's heads of HEAD_DIM,
+    plain RoPE over the target's positions (the target's rope, e.g. MLA's YaRN on a 64-dim part,
+    describes no Llama head)."""
     hidden_size, heads = tc["hidden_size"], tc["num_attention_heads"]
-    if manifest["hidden_size"] != hidden_size or manifest.get("final_state") != FINAL_STATE_CONVENTION:
-        raise ValueError("shards do not match the target: hidden size or final state convention")
     shape = {
-        "intermediate_size": tc["intermediate_size"],
         "num_attention_heads": heads,
-        "num_key_value_heads": tc.get("num_key_value_heads") or heads,
-        "head_dim": tc.get("head_dim") or hidden_size // heads,
         "rms_norm_eps": tc.get("rms_norm_eps", 1e-6),
-        "rope_theta": rope_settings(tc)[1],
         "max_position_embeddings": tc.get("max_position_embeddings", 32768),
         "norm_before_residual": False,
     }
+    if tc.get("kv_lora_rank") is None and (tc.get("head_dim") or hidden_size % heads == 0):
+        rope_theta, rope_scaling = rope_of(tc)
+        return shape | {
+            "intermediate_size": tc["intermediate_size"],
+            "num_key_value_heads": tc.get("num_key_value_heads") or heads,
+            "head_dim": tc.get("head_dim") or hidden_size // heads,
+            "rope_theta": rope_theta,
+            "rope_scaling": rope_scaling,
+        }
+    return shape | {
+        "intermediate_size": INTERMEDIATE_SIZE,
+        "num_key_value_heads": math.gcd(heads, KV_HEADS),
+        "head_dim": HEAD_DIM,
+        "rope_theta": ROPE_THETA,
+        "rope_scaling": None,
+    }
+
+
+def make_drafter_config(target_dir, manifest, d2t, t2d, init_config=None, geometry=None):
+    """Drafter geometry: the target's (target_geometry), replaced by an init_from checkpoint's
+    (its weights must fit, and its q/k were trained with its own RoPE), replaced by the non-null
+    `geometry` values (config `drafter:`). hidden_size is the target's (the drafter embeds with
+    the target's embed_tokens)."""
+    tc = target_config(target_dir)
+    hidden_size = tc["hidden_size"]
+    if manifest["hidden_size"] != hidden_size or manifest.get("final_state") != FINAL_STATE_CONVENTION:
+        raise ValueError("shards do not match the target: hidden size or final state convention")
+    shape = target_geometry(tc)
     if init_config is not None:
         if (init_config.hidden_size, init_config.target_vocab_size) != (hidden_size, len(t2d)):
             raise ValueError("init_from drafter was made for a target of another size")
@@ -40,16 +71,21 @@ def make_drafter_config(target_dir, manifest, d2t, t2d, init_config=None, geomet
                 f"init_from drafter was trained on aux layers {init_config.aux_layer_ids}, the hidden states "
                 f"hold {manifest['aux_layer_ids']}: set hidden_states.aux_layer_ids to {init_config.aux_layer_ids}"
             )
-        shape.update({key: getattr(init_config, key) for key in shape if key != "rope_theta"})
-    shape.update(geometry or {})
-    return DrafterConfig(
-        target_vocab_size=len(t2d),
-        draft_vocab_size=len(d2t),
-        hidden_size=hidden_size,
-        target_hidden_size=hidden_size,
-        aux_layer_ids=list(manifest["aux_layer_ids"]),
-        **shape,
-    )
+        shape.update({key: getattr(init_config, key) for key in shape})
+    shape.update({key: value for key, value in (geometry or {}).items() if value is not None})
+    log.info("drafter geometry: %s", shape)
+    try:
+        return DrafterConfig(
+            target_vocab_size=len(t2d),
+            draft_vocab_size=len(d2t),
+            hidden_size=hidden_size,
+            target_hidden_size=hidden_size,
+            aux_layer_ids=list(manifest["aux_layer_ids"]),
+            **shape,
+        )
+    except ValueError as e:  # the RoPE: a type the drafter does not compute, or too few positions
+        raise InputError(f"drafter: {e} (config drafter.rope_scaling, rope_theta, max_position_embeddings; "
+                         "rope_scaling {rope_type: default} is plain RoPE)") from e
 
 
 def init_from_checkpoint(drafter, state, target_lm_head):
@@ -83,7 +119,7 @@ def new_drafter(target_dir, manifest, d2t, t2d, head, *, seed, init_from=None, g
     init_from_checkpoint) or else the target lm_head's rows of the draft vocab."""
     init_config = init_state = None
     if init_from is not None:
-        init_config, init_state = read_checkpoint(init_from, require_plain_rope=False)
+        init_config, init_state = read_checkpoint(init_from)
     config = make_drafter_config(target_dir, manifest, d2t, t2d, init_config, geometry)
     torch.manual_seed(seed)
     drafter = Drafter(config)

@@ -104,8 +104,8 @@ def train_drafter(shard_paths, manifest_path, d2t_path, t2d_path, target_dir, ou
 
     Trains max_steps optimizer steps if given, else `epochs` passes over the samples that are
     not held out (see is_heldout). `init_from`: a pre-trained drafter dir, either format (see
-    eaglenest.train.init_drafter). `drafter_geometry`: DrafterConfig field overrides
-    (intermediate_size, num_attention_heads, num_key_value_heads, head_dim, ...).
+    eaglenest.train.init_drafter). `drafter_geometry`: the config's `drafter:` section, DrafterConfig
+    fields (num_attention_heads, head_dim, rope_scaling, ...) that replace the defaults unless None.
     The TSV has one row per `log_every` steps: means over those steps of the loss, the step
     losses and the step accuracies (draft argmax = target argmax). Deterministic for a seed on
     CPU. `trained_config_path`: where to write the DrafterConfig as trained (JSON), what the

@@ -3,12 +3,15 @@ drafter learns, and its embed_tokens is the drafter's (frozen)."""
 
 import torch
 
-from eaglenest.data.target import read_target_tensors, target_config
+from eaglenest.data.target import read_target_tensors, target_config, target_ties_embeddings
 from eaglenest.drafter.model import RMSNorm
 
 
 class TargetHead:
-    """The target's embed_tokens, final norm and lm_head (float32), read from its checkpoint."""
+    """The target's embed_tokens, final norm and lm_head (float32), read from its checkpoint.
+
+    As transformers loads it: its own lm_head.weight when the checkpoint has one, else embed_tokens
+    when the config ties them (in the text model's config or a multimodal wrapper's)."""
 
     def __init__(self, target_dir, device="cpu"):
         text_config = target_config(target_dir)
@@ -17,7 +20,7 @@ class TargetHead:
         self.embed_tokens = tensors["model.embed_tokens.weight"].float().to(device)  # [V, H]
         if "lm_head.weight" in tensors:
             self.lm_head = tensors["lm_head.weight"].float().to(device)  # [V, H]
-        elif text_config.get("tie_word_embeddings", False):
+        elif target_ties_embeddings(target_dir):
             self.lm_head = self.embed_tokens
         else:
             raise ValueError(f"{target_dir} has no lm_head.weight and untied embeddings")

@@ -12,8 +12,9 @@ def run_stage(log_path, threads, fn, *args, gpus=0, **kwargs):
     """Call fn(*args, **kwargs) with logging to `log_path` and stderr, on `threads` torch threads,
     holding a lease on `gpus` devices (the rule's `gpu` resource; see eaglenest.workflow.gpu_lease).
 
-    An InputError ends the process with its one-line message (and no traceback); outputs are
-    written atomically by the stages, so nothing partial is left behind.
+    The rule's log is where Snakemake points a user, so it holds the failure: an InputError as
+    its one-line message (no traceback), any other error with its traceback. Either ends the
+    process; outputs are written atomically by the stages, so nothing partial is left behind.
     """
     logging.basicConfig(
         level=logging.INFO,
@@ -30,3 +31,6 @@ def run_stage(log_path, threads, fn, *args, gpus=0, **kwargs):
     except InputError as e:
         logging.getLogger(fn.__module__).error("%s", e)
         sys.exit(f"error: {e}")
+    except Exception as e:
+        logging.getLogger(fn.__module__).exception("%s failed", fn.__name__)
+        sys.exit(f"error: {type(e).__name__}: {e} (traceback in {log_path})")

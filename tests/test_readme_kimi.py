@@ -1,0 +1,64 @@
+"""README's Kimi-K2.5 example ("Your own target"), exactly as printed: it validates against the
+schema and dry-runs with the blackwell profile against a tiny target packaged as Kimi ships
+(wrapper config, sharded prefixed weights, remote-code tiktoken tokenizer)."""
+
+import re
+import subprocess
+import sys
+
+import pytest
+import yaml
+
+from conftest import REPO, merge
+from eaglenest.workflow.config import validate_config
+from kimi_target import build_kimi_target
+
+TP = 8
+
+
+def readme_kimi_yaml():
+    """The first YAML block of README's "Your own target" section."""
+    section = (REPO / "README.md").read_text().split("\n## Your own target\n", 1)[1].split("\n## ", 1)[0]
+    return yaml.safe_load(re.search(r"```yaml\n(.*?)```", section, re.S)[1])
+
+
+def test_the_example_is_complete_and_valid():
+    example = readme_kimi_yaml()
+    config = merge(yaml.safe_load((REPO / "config.yaml").read_text()), example)  # as --configfile does
+    validate_config(config, REPO / "schemas/config.schema.yaml")
+    assert example["target"] == {"demo": False, "path": example["target"]["path"], "trust_remote_code": True}
+    assert example["hidden_states"]["backend"] == "vllm" and example["vllm"]["tensor_parallel_size"] == TP
+    assert example["vllm"]["attention_backend"] == "TRITON_MLA"
+    assert example["tokenize"]["max_seq_len"] >= 8192  # long reasoning: samples average ~2,100 tokens
+    assert example["tokenize"]["max_seq_len"] <= example["vllm"]["max_model_len"]  # extraction takes them whole
+    assert example["hidden_states"]["dtype"] == "bfloat16" and example["vllm"]["dtype"] == "auto"
+    assert example["drafter"]["head_dim"] in (64, 128, 256, 512)  # every vLLM attention backend serves it
+
+
+@pytest.fixture(scope="module")
+def kimi_run(tmp_path_factory):
+    """The README example pointed at a tiny Kimi-packaged target and local prompts."""
+    tmp = tmp_path_factory.mktemp("kimi_example")
+    build_kimi_target(tmp / "Kimi-K2.5", tokenizer=True)
+    example = readme_kimi_yaml()
+    example["target"]["path"] = str(tmp / "Kimi-K2.5")
+    example["data"]["prompts"] = str(REPO / "resources/demo/prompts.jsonl")
+    example["results"] = str(tmp / "results")
+    path = tmp / "kimi.yaml"
+    path.write_text(yaml.safe_dump(example))
+    return path
+
+
+def test_the_example_dry_runs_with_the_blackwell_profile(kimi_run):
+    result = subprocess.run(
+        [sys.executable, "-m", "snakemake", "--profile", "blackwell", "-n", "--configfile", kimi_run],
+        cwd=REPO, capture_output=True, text=True)
+    output = result.stdout + result.stderr
+    assert result.returncode == 0, output
+    counts = dict(re.findall(r"^(\w+)\s+(\d+)$", output.split("Job stats:", 1)[1], re.M))
+    assert "build_demo_target" not in counts
+    assert counts["generate_responses"] == "1" and counts["hidden_states"] == "256" and counts["train_drafter"] == "1"
+    jobs = re.findall(r"^(?:local)?(?:rule|checkpoint) (\w+):\n((?:[ \t]+.*\n?)*)", output, re.M)
+    gpus = {rule: re.search(r"\bgpu=(\d+)", body)[1] for rule, body in jobs if re.search(r"\bgpu=(\d+)", body)}
+    assert gpus["generate_responses"] == gpus["hidden_states"] == gpus["evaluate_vllm"] == str(TP)
+    assert gpus["train_drafter"] == str(TP)
