@@ -25,13 +25,14 @@ def evaluation(built):
     return metrics, [json.loads(line) for line in lines]
 
 
-def run_vllm(built, evaluation, tmp_path, drafter=None):
-    """The evaluation's prompts through vLLM in a process of its own, as evaluate_vllm ran them."""
+def run_vllm(built, evaluation, tmp_path, drafter=None, target=None):
+    """The evaluation's prompts through vLLM in a process of its own, as evaluate_vllm ran them
+    (on `target`, by default the built one)."""
     metrics, outputs = evaluation
     prompts = tmp_path / "prompts.json"
     prompts.write_text(json.dumps([o["prompt_token_ids"] for o in outputs]))
     stop_id = special_token_id(load_tokenizer(built / "results/target", trust_remote_code=False), "<|im_end|>")
-    args = [sys.executable, str(REPO / "tests/vllm_generate.py"), str(built / "results/target"), str(prompts),
+    args = [sys.executable, str(REPO / "tests/vllm_generate.py"), str(target or built / "results/target"), str(prompts),
             str(metrics["max_tokens"]), str(metrics["concurrency"]), str(stop_id)]
     result = subprocess.run(args + ([str(drafter)] if drafter else []), capture_output=True, text=True,
                             cwd=REPO, timeout=480, env=os.environ | {"PYTHONPATH": str(REPO)})
@@ -60,9 +61,19 @@ def test_evaluate_vllm_reports_vllms_own_counters(built, evaluation):
 
 
 def test_the_eagle_export_drafts_exactly_like_the_speculators_one(built, evaluation, tmp_path):
+    """On a copy of the target whose files name no end of sequence (no generation_config.json, no
+    eos_token_id): completions still end at <|im_end|>, the stop id given to vLLM explicitly."""
     metrics, outputs = evaluation
-    eagle = run_vllm(built, evaluation, tmp_path, built / "results/drafter_eagle")
+    target = tmp_path / "target"
+    shutil.copytree(built / "results/target", target)
+    (target / "generation_config.json").unlink()
+    config = json.loads((target / "config.json").read_text())
+    (target / "config.json").write_text(json.dumps(config | {"eos_token_id": None}))
+    eagle = run_vllm(built, evaluation, tmp_path, built / "results/drafter_eagle", target=target)
     assert eagle["token_ids"] == [o["token_ids"] for o in outputs]  # speculation never changes greedy text
+    stop_id = special_token_id(load_tokenizer(target, trust_remote_code=False), "<|im_end|>")
+    stopped = [ids for ids, reason in zip(eagle["token_ids"], eagle["finish_reasons"]) if reason == "stop"]
+    assert stopped and all(ids[-1] == stop_id and len(ids) < metrics["max_tokens"] for ids in stopped)
     counters = {key: metrics[key] for key in eagle["counters"]}
     assert eagle["counters"] == counters and len(counters) == 4
 
