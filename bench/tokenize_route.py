@@ -32,7 +32,7 @@ KIMI_TOKENS = 21_000_000  # 10,000 samples of ~2,100 tokens
 
 def long_texts(tokenizer, tokens_each=2000, count=20):
     """`count` texts of about `tokens_each` tokens, made of the demo corpus's texts."""
-    pool, texts, text = corpus_texts(), [], ""
+    pool, texts, text = list(corpus_texts()), [], ""
     for piece in pool * 50:
         text += piece + "\n"
         if len(tokenizer.text(text)) >= tokens_each:
