@@ -60,12 +60,13 @@ def target_ties_embeddings(target_dir):
 
 
 def rope_settings(config):
-    """(rope_type, rope_theta) of a model config dict (a target's text config or a drafter's
-    layer config): transformers 5's `rope_parameters`, older `rope_scaling`, or a top-level
-    `rope_theta`; plain RoPE with theta 10000 when none is given."""
-    rope = config.get("rope_parameters") or config.get("rope_scaling") or {}
-    rope_type = rope.get("rope_type", rope.get("type", "default"))
-    return rope_type, float(rope.get("rope_theta", config.get("rope_theta", 10000.0)))
+    """(rope_theta, rope_scaling) of a model config dict (a target's text config or a drafter's
+    layer config), every key of its rope kept: transformers 5's `rope_parameters`, or the older
+    `rope_scaling` beside a top-level `rope_theta`; theta 10000 when none is given, scaling None
+    for plain RoPE given no keys. DrafterConfig refuses a scaling it does not compute."""
+    params = config.get("rope_parameters") or config.get("rope_scaling") or {}
+    scaling = {key: value for key, value in params.items() if key != "rope_theta"}
+    return float(params.get("rope_theta", config.get("rope_theta", 10000.0))), scaling or None
 
 
 def _weight_map(target_dir):

@@ -16,7 +16,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 
-from eaglenest.drafter.load import rope_of
+from eaglenest.data.target import rope_settings
 from eaglenest.workflow.atomic import atomic_dir
 
 
@@ -106,11 +106,11 @@ def eagle_config(speculators):
     The RoPE in both shapes: `rope_parameters` for vLLM, `rope_theta` and `rope_scaling` (None for
     plain RoPE) for SGLang's Llama layer."""
     layer = speculators["transformer_layer_config"]
-    rope_theta, rope_scaling = rope_of(layer)
+    rope_theta, rope_scaling = rope_settings(layer)
     return {
         **layer,
         "rope_theta": rope_theta,
-        "rope_scaling": None if rope_scaling["rope_type"] == "default" else rope_scaling,
+        "rope_scaling": None if (rope_scaling or {}).get("rope_type", "default") == "default" else rope_scaling,
         "architectures": ["LlamaForCausalLMEagle3"],
         "draft_vocab_size": speculators["draft_vocab_size"],
         "target_hidden_size": speculators["target_hidden_size"],

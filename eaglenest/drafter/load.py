@@ -26,15 +26,6 @@ def _read_weights(directory):
     return state
 
 
-def rope_of(config):
-    """(rope_theta, rope_scaling) of a model config dict (a target's text config or a drafter's
-    layer config), every key of its rope kept: transformers 5's `rope_parameters`, or the older
-    `rope_scaling` beside `rope_theta`. DrafterConfig refuses a scaling it does not compute."""
-    params = config.get("rope_parameters") or config.get("rope_scaling") or {}
-    scaling = {key: value for key, value in params.items() if key != "rope_theta"}
-    return rope_settings(config)[1], scaling or None
-
-
 def read_checkpoint(path):
     """(DrafterConfig, state_dict with speculators names) from a drafter dir in either format.
 
@@ -71,7 +62,7 @@ def read_checkpoint(path):
         raise ValueError(f"EAGLE-3 needs 3 aux layer ids, got {aux_layer_ids}")
 
     hidden_size = layer["hidden_size"]
-    rope_theta, rope_scaling = rope_of(layer)
+    rope_theta, rope_scaling = rope_settings(layer)
     num_heads = layer["num_attention_heads"]
     target_vocab_size = layer["vocab_size"]
     draft_vocab_size = config.get("draft_vocab_size") or target_vocab_size

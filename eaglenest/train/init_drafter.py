@@ -6,8 +6,8 @@ import math
 
 import torch
 
-from eaglenest.data.target import target_config
-from eaglenest.drafter.load import read_checkpoint, rope_of
+from eaglenest.data.target import rope_settings, target_config
+from eaglenest.drafter.load import read_checkpoint
 from eaglenest.drafter.model import Drafter, DrafterConfig
 from eaglenest.states.convention import FINAL_STATE_CONVENTION
 from eaglenest.workflow.errors import InputError
@@ -36,7 +36,7 @@ def target_geometry(tc):
         "norm_before_residual": False,
     }
     if tc.get("kv_lora_rank") is None and (tc.get("head_dim") or hidden_size % heads == 0):
-        rope_theta, rope_scaling = rope_of(tc)
+        rope_theta, rope_scaling = rope_settings(tc)
         return shape | {
             "intermediate_size": tc["intermediate_size"],
             "num_key_value_heads": tc.get("num_key_value_heads") or heads,
