@@ -20,6 +20,8 @@ V, N, H = 96, 40, 128
 
 YARN = {"rope_type": "yarn", "factor": 8.0, "original_max_position_embeddings": 4096, "beta_fast": 32,
         "beta_slow": 1, "mscale": 0.707, "mscale_all_dim": 0.707}
+LLAMA3 = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+          "original_max_position_embeddings": 256}  # Llama-3.1's, over a shorter original context
 
 
 def make_drafter(norm_before_residual=False, seed=0, rope_scaling=None):
@@ -75,6 +77,7 @@ def test_rope_matches_transformers():
                    "beta_slow": 1, "mscale": 1, "mscale_all_dim": 1}),  # Kimi-K2.5's own, shorter
         (1e6, {"rope_type": "yarn", "factor": 4, "original_max_position_embeddings": 512, "attention_factor": 0.9,
                "truncate": False}),
+        (500000.0, LLAMA3),
     ],
 )
 def test_rope_matches_vllm(theta, scaling):
@@ -99,9 +102,10 @@ def test_rope_matches_vllm(theta, scaling):
 
 
 def test_rope_the_drafter_does_not_compute_is_refused(tmp_path):
-    with pytest.raises(ValueError, match="rope_type 'llama3' is not implemented"):
-        make_drafter(rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
-                                   "high_freq_factor": 4.0, "original_max_position_embeddings": 8192})
+    with pytest.raises(ValueError, match="rope_type 'longrope' is not implemented"):
+        make_drafter(rope_scaling={"rope_type": "longrope", "short_factor": [1.0] * 32, "long_factor": [2.0] * 32})
+    with pytest.raises(ValueError, match=r"rope_type 'llama3' needs \['high_freq_factor'\]"):
+        make_drafter(rope_scaling={key: value for key, value in LLAMA3.items() if key != "high_freq_factor"})
     with pytest.raises(ValueError, match=r"keys not implemented by the drafter: \['mrope_section'\]"):
         make_drafter(rope_scaling={**YARN, "mrope_section": [16, 24, 24]})
     with pytest.raises(ValueError, match="beyond the 16384 positions YaRN covers"):  # vLLM's cache ends there

@@ -135,11 +135,18 @@ def test_llama_style_target_lends_its_geometry_and_rope(tmp_path):
     assert (c.num_attention_heads, c.num_key_value_heads, c.head_dim, c.rope_scaling) == (12, 4, 128, None)
 
 
-def test_rope_the_drafter_does_not_compute_is_refused_naming_the_key(tmp_path):
+def test_a_llama3_target_lends_its_rope(tmp_path):
+    """Llama 3.1's own scaling, carried into the drafter as vLLM reads it."""
     llama3 = {"rope_type": "llama3", "rope_theta": 5e5, "factor": 8.0, "low_freq_factor": 1.0,
               "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}
-    path = target(tmp_path, {**LLAMA, "rope_parameters": llama3})
-    with pytest.raises(InputError, match=r"rope_type 'llama3' is not implemented .*drafter\.rope_scaling"):
+    c = drafter_config(target(tmp_path, {**LLAMA, "rope_parameters": llama3}), manifest=LLAMA_MANIFEST)
+    assert c.rope_theta == 5e5 and c.rope_scaling == {key: v for key, v in llama3.items() if key != "rope_theta"}
+
+
+def test_rope_the_drafter_does_not_compute_is_refused_naming_the_key(tmp_path):
+    dynamic = {"rope_type": "dynamic", "rope_theta": 5e5, "factor": 2.0}
+    path = target(tmp_path, {**LLAMA, "rope_parameters": dynamic})
+    with pytest.raises(InputError, match=r"rope_type 'dynamic' is not implemented .*drafter\.rope_scaling"):
         drafter_config(path, manifest=LLAMA_MANIFEST)
     c = drafter_config(path, manifest=LLAMA_MANIFEST, geometry={"rope_scaling": {"rope_type": "default"}})
     assert (c.rope_theta, c.rope_scaling) == (5e5, None)  # plain RoPE, asked for

@@ -15,7 +15,8 @@ Mirrors vLLM's `Eagle3LlamaForCausalLM` (vllm/model_executor/models/llama_eagle3
     feeds the second one back (`aux_output = hidden_prenorm` unless `norm_output`).
 
 Parameter and buffer names are the speculators weight names, so export is a state_dict save.
-RoPE is computed as vLLM computes it for the drafter's Llama layer (`get_rope`): plain, or YaRN.
+RoPE is computed as vLLM computes it for the drafter's Llama layer (`get_rope`): plain, YaRN or
+Llama 3's.
 """
 
 import math
@@ -39,7 +40,7 @@ class DrafterConfig:
     aux_layer_ids: list  # the 3 target layer ids, vLLM convention (residual entering layer k)
     rms_norm_eps: float = 1e-6
     rope_theta: float = 10000.0
-    rope_scaling: dict | None = None  # None: plain RoPE; else {"rope_type": "yarn", ...} (see checked_rope_scaling)
+    rope_scaling: dict | None = None  # None: plain RoPE; else {"rope_type": "yarn" | "llama3", ...} (checked_rope_scaling)
     max_position_embeddings: int = 32768
     norm_before_residual: bool = False
 
@@ -50,28 +51,35 @@ class DrafterConfig:
         return asdict(self)
 
 
-ROPE_TYPES = ("default", "yarn")  # what the drafter computes; any other type is refused, never dropped
-# The keys vLLM's get_rope hands to YaRNScalingRotaryEmbedding.
-YARN_KEYS = ("factor", "original_max_position_embeddings", "beta_fast", "beta_slow", "mscale", "mscale_all_dim",
-             "attention_factor", "truncate")
+# What the drafter computes, with the keys vLLM's get_rope reads for each (the required ones
+# first); any other type is refused, never dropped.
+ROPE_KEYS = {
+    "default": ((), ()),
+    "yarn": (("factor", "original_max_position_embeddings"),
+             ("beta_fast", "beta_slow", "mscale", "mscale_all_dim", "attention_factor", "truncate")),
+    "llama3": (("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"), ()),
+}
 
 
 def checked_rope_scaling(scaling, max_position_embeddings):
     """`scaling` (HF/vLLM shape, `rope_type` or the older `type`, no rope_theta) in one form: None
-    for plain RoPE, else {"rope_type": "yarn", the YaRN keys given}. Raises ValueError naming the
+    for plain RoPE, else {"rope_type": "yarn" | "llama3", the keys given}. Raises ValueError naming the
     rope_type or keys the drafter does not compute, rather than train or serve something else."""
     if not scaling:
         return None
     params = dict(scaling)
     rope_type = params.pop("rope_type", params.pop("type", "default"))
-    if rope_type not in ROPE_TYPES:
-        raise ValueError(f"rope_type {rope_type!r} is not implemented by the drafter (only {', '.join(ROPE_TYPES)})")
-    if unknown := sorted(set(params) - set(YARN_KEYS if rope_type == "yarn" else ())):
+    if rope_type not in ROPE_KEYS:
+        raise ValueError(f"rope_type {rope_type!r} is not implemented by the drafter (only {', '.join(ROPE_KEYS)})")
+    required, optional = ROPE_KEYS[rope_type]
+    if unknown := sorted(set(params) - set(required) - set(optional)):
         raise ValueError(f"rope_type {rope_type!r}: keys not implemented by the drafter: {unknown}")
     if rope_type == "default":
         return None
-    if missing := [key for key in YARN_KEYS[:2] if key not in params]:
-        raise ValueError(f"rope_type 'yarn' needs {missing}")
+    if missing := [key for key in required if key not in params]:
+        raise ValueError(f"rope_type {rope_type!r} needs {missing}")
+    if rope_type == "llama3":
+        return {"rope_type": "llama3", **params}
     covered = params["original_max_position_embeddings"] * params["factor"]
     if max_position_embeddings > covered:  # vLLM's YaRN cos/sin cache has `covered` positions
         raise ValueError(
@@ -107,13 +115,15 @@ def yarn_correction_dim(rotations, dim, theta, original_max_position):
 
 
 def rope_frequencies(dim, theta, scaling, device):
-    """(inv_freq [dim/2], magnitude of cos and sin), computed as vLLM's RotaryEmbedding (plain) and
-    YaRNScalingRotaryEmbedding do, in the same float32 steps: YaRN keeps the original
+    """(inv_freq [dim/2], magnitude of cos and sin), computed as vLLM's RotaryEmbedding (plain),
+    Llama3RotaryEmbedding and YaRNScalingRotaryEmbedding do, in the same float32 steps: YaRN keeps the original
     frequencies of the fast dims, divides those of the slow dims by `factor`, blends between
     them over a linear ramp of dims, and scales cos and sin by an mscale."""
     pos_freqs = theta ** (torch.arange(0, dim, 2, device=device, dtype=torch.float32) / dim)
     if scaling is None:
         return 1.0 / pos_freqs, 1.0
+    if scaling["rope_type"] == "llama3":
+        return llama3_frequencies(1.0 / pos_freqs, scaling), 1.0
     factor, original = scaling["factor"], scaling["original_max_position_embeddings"]
     low = yarn_correction_dim(scaling.get("beta_fast", 32), dim, theta, original)
     high = yarn_correction_dim(scaling.get("beta_slow", 1), dim, theta, original)
@@ -132,6 +142,19 @@ def rope_frequencies(dim, theta, scaling, device):
     else:
         mscale = yarn_mscale(factor)
     return inv_freq, mscale
+
+
+def llama3_frequencies(inv_freq, scaling):
+    """Llama 3's long-context frequencies (vLLM's Llama3RotaryEmbedding): wavelengths shorter
+    than original/high_freq_factor kept, longer than original/low_freq_factor divided by
+    `factor`, a linear blend between."""
+    factor, original = scaling["factor"], scaling["original_max_position_embeddings"]
+    low, high = scaling["low_freq_factor"], scaling["high_freq_factor"]
+    wavelen = 2 * math.pi / inv_freq
+    smooth = (original / wavelen - low) / (high - low) if low != high else 0
+    blended = (1 - smooth) * inv_freq / factor + smooth * inv_freq
+    return torch.where(wavelen < original / high, inv_freq,
+                       torch.where(wavelen > original / low, inv_freq / factor, blended))
 
 
 def rope_cos_sin(positions, dim, theta, scaling=None):
