@@ -44,6 +44,9 @@ def target_geometry(tc):
             "rope_theta": rope_theta,
             "rope_scaling": rope_scaling,
         }
+    log.info("the target's attention (MLA, or no usable head_dim) is no Llama head: default drafter geometry "
+             "(README \"Drafter geometry\"), plain RoPE theta %g; the target's rope %s is not carried over",
+             ROPE_THETA, rope_settings(tc))
     return shape | {
         "intermediate_size": INTERMEDIATE_SIZE,
         "num_key_value_heads": math.gcd(heads, KV_HEADS),
