@@ -28,11 +28,12 @@ SPEC_COUNTERS = {
 }
 
 # Keys of the config's vllm section, named as vLLM's engine arguments. The optional ones reach the
-# engine only when set: the step's token budget (longer prompts are prefilled in chunks) and the
-# attention backend (MLA on SM120: TRITON_MLA; on a CPU with AMX vLLM picks AMX_MLA, which takes
-# bfloat16 weights only, CPU_MLA runs float32 too).
-ENGINE_ARGS = ("dtype", "tensor_parallel_size", "gpu_memory_utilization", "max_model_len", "enforce_eager")
-OPTIONAL_ENGINE_ARGS = ("max_num_batched_tokens", "attention_backend")
+# engine only when set: the step's sequence and token budgets (longer prompts are prefilled in
+# chunks) and the attention backend (MLA on SM120: TRITON_MLA; on a CPU with AMX vLLM picks
+# AMX_MLA, which takes bfloat16 weights only, CPU_MLA runs float32 too).
+ENGINE_ARGS = ("dtype", "kv_cache_dtype", "tensor_parallel_size", "gpu_memory_utilization", "max_model_len",
+               "enforce_eager")
+OPTIONAL_ENGINE_ARGS = ("max_num_seqs", "max_num_batched_tokens", "attention_backend")
 
 
 def engine_args(vllm, **overrides):

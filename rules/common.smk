@@ -10,6 +10,7 @@ sys.path.insert(0, workflow.basedir)
 
 from eaglenest.workflow.config import validate_config
 from eaglenest.workflow.fingerprint import code_fingerprint
+from eaglenest.workflow.settings import artifact_settings
 from eaglenest.states.parts import part_paths
 
 try:

@@ -33,7 +33,6 @@ rule evaluate_offline:
     params:
         heldout_fraction=config["train"]["heldout_fraction"],
         num_speculative_tokens=config["eval"]["num_speculative_tokens"],
-        device=config["train"]["device"],  # the drafter runs where it trained
         code=code("evaluate_offline"),
     log:
         f"{RESULTS}/logs/evaluate_offline.log",
@@ -66,7 +65,7 @@ rule evaluate_vllm:
         max_prompts=config["eval"]["max_prompts"],
         concurrency=config["eval"]["concurrency"],
         agreement_tolerance=config["eval"]["agreement_tolerance"],
-        vllm=config["vllm"],
+        vllm=artifact_settings(config, "vllm"),  # speed and placement: read from the config (README "Rebuilding")
         trust_remote_code=config["target"]["trust_remote_code"],
         end_of_turn=config["tokenize"]["end_of_turn"],
         code=code("evaluate_vllm"),

@@ -12,7 +12,7 @@ if not config["data"]["raw_responses"]:
         params:
             trust_remote_code=config["target"]["trust_remote_code"],
             generate=config["generate"],
-            vllm=config["vllm"],
+            vllm=artifact_settings(config, "vllm"),  # speed and placement: read from the config
             chat_template_kwargs=config["tokenize"]["chat_template_kwargs"],
             think_start=config["tokenize"]["think_start"],
             think_end=config["tokenize"]["think_end"],

@@ -31,9 +31,9 @@ rule hidden_states:
         backend=config["hidden_states"]["backend"],
         aux_layer_ids=config["hidden_states"]["aux_layer_ids"],
         dtype=config["hidden_states"]["dtype"],
-        device=config["hidden_states"]["device"],
-        # only the vLLM backend reads these: with HF, changing them must not re-extract anything
-        vllm=config["vllm"] if config["hidden_states"]["backend"] == "vllm" else None,
+        # only the vLLM backend reads these: with HF, changing them must not re-extract anything;
+        # devices, speed and placement are read from the config (README "Rebuilding")
+        vllm=artifact_settings(config, "vllm") if config["hidden_states"]["backend"] == "vllm" else None,
         trust_remote_code=config["target"]["trust_remote_code"],
         code=code("hidden_states"),
     log:

@@ -12,6 +12,6 @@ run_stage(
     snakemake.output.metrics,
     heldout_fraction=snakemake.params.heldout_fraction,
     num_speculative_tokens=snakemake.params.num_speculative_tokens,
-    device=snakemake.params.device,
+    device=snakemake.config["train"]["device"],  # the drafter runs where it trained
     gpus=snakemake.resources.gpu,
 )

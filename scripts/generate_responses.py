@@ -15,6 +15,6 @@ if __name__ == "__main__":  # vLLM starts worker processes that import this file
         think_start=snakemake.params.think_start,
         think_end=snakemake.params.think_end,
         end_of_turn=snakemake.params.end_of_turn,
-        vllm=snakemake.params.vllm,
+        vllm=snakemake.config["vllm"],
         gpus=snakemake.resources.gpu,
     )

@@ -12,8 +12,8 @@ if __name__ == "__main__":  # the vLLM backend starts processes that may import 
         backend=snakemake.params.backend,
         aux_layer_ids=snakemake.params.aux_layer_ids,
         dtype=snakemake.params.dtype,
-        device=snakemake.params.device,
-        vllm=snakemake.params.vllm,
+        device=snakemake.config["hidden_states"]["device"],
+        vllm=snakemake.config["vllm"],
         trust_remote_code=snakemake.params.trust_remote_code,
         gpus=snakemake.resources.gpu,
     )

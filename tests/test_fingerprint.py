@@ -3,7 +3,7 @@
 import json
 import shutil
 
-from eaglenest.workflow.fingerprint import code_fingerprint, module_closure
+from eaglenest.workflow.fingerprint import PLUMBING, code_fingerprint, module_closure
 
 from conftest import REPO
 
@@ -26,11 +26,9 @@ def test_closure_follows_eaglenest_imports_only():
         "eaglenest/workflow/__init__.py",
         "eaglenest/workflow/atomic.py",
         "eaglenest/workflow/errors.py",
-        "eaglenest/workflow/gpu_lease.py",
         "eaglenest/workflow/jsonl.py",
-        "eaglenest/workflow/stage.py",
         "scripts/tokenize.py",
-    ]
+    ]  # not stage.py nor gpu_lease.py: how a stage runs, not what it computes
     # generation renders prompts like tokenize but never reads response records
     assert "eaglenest/data/records.py" not in [str(p) for p in module_closure(REPO, "scripts/generate_responses.py")]
     assert "eaglenest/data/tokenize.py" not in [str(p) for p in module_closure(REPO, "scripts/build_demo_target.py")]
@@ -65,3 +63,31 @@ def test_summary_cache_is_keyed_by_content_and_never_stale(tmp_path):
     other = tmp_path / "cache" / "fresh.json"
     other.write_text('{"torn')
     assert code_fingerprint(root, "scripts/hidden_states.py", other) == edited
+
+
+def test_log_messages_and_plumbing_do_not_count(tmp_path):
+    """Editing what a stage logs, or how stages run (logging setup, GPU leases, device choice,
+    launching), rebuilds nothing; what the code computes still counts."""
+    root = copy_repo(tmp_path)
+    before = {script: code_fingerprint(root, f"scripts/{script}.py") for script in ("train_drafter", "hidden_states")}
+    loop = root / "eaglenest/train/loop.py"
+    source = loop.read_text()
+    assert 'log.info("' in source
+    loop.write_text(source.replace('log.info("', 'log.info("(reworded) ', 1))
+    for plumbing in PLUMBING:
+        path = root / plumbing
+        path.write_text(path.read_text() + "\n\ndef edited():\n    return 1\n")
+    assert {script: code_fingerprint(root, f"scripts/{script}.py") for script in before} == before
+    loop.write_text(source.replace('log.info("', 'print("', 1))  # no longer a log call: code
+    assert code_fingerprint(root, "scripts/train_drafter.py") != before["train_drafter"]
+
+
+def test_plumbing_imports_only_plumbing():
+    """A module left out of the closures must not be the only way to reach code that computes."""
+    from eaglenest.workflow.fingerprint import summarize
+
+    allowed = {str(p.with_suffix("")).replace("/", ".") for p in PLUMBING} | {"eaglenest.workflow.errors"}
+    for path in PLUMBING:
+        imported = summarize((REPO / path).read_bytes())[1]
+        modules = {name for name in imported if (REPO / (name.replace(".", "/") + ".py")).is_file()}
+        assert modules <= allowed, (path, modules - allowed)

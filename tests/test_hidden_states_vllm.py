@@ -28,8 +28,8 @@ LENGTHS = [1, 7, 40, 130, 3, 512]  # one token, short, several 32-token chunks, 
 STEP_BUDGET = 32
 AUX = [2, 4, 5]  # vLLM's default for 8 layers
 TOLERANCE = dict(atol=1e-4, rtol=1e-5)
-VLLM = {"dtype": "float32", "tensor_parallel_size": 1, "gpu_memory_utilization": 0.1, "max_model_len": 512,
-        "enforce_eager": True}
+VLLM = {"dtype": "float32", "kv_cache_dtype": "auto", "tensor_parallel_size": 1, "gpu_memory_utilization": 0.1,
+        "max_model_len": 512, "enforce_eager": True}
 
 
 def make_samples(target_dir, seed):

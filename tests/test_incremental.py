@@ -104,6 +104,28 @@ def test_config_changes_plan_exactly_their_stages(workdir, update, reruns, shard
     assert plan.get("hidden_states", 0) == shards
 
 
+@pytest.mark.parametrize(
+    "update",
+    [
+        {"vllm": {"gpu_memory_utilization": 0.25}},
+        {"vllm": {"max_num_seqs": 8, "max_num_batched_tokens": 2048}},
+        {"vllm": {"enforce_eager": False, "attention_backend": "CPU_ATTN", "tensor_parallel_size": 2}},
+        {"train": {"checkpoint_every": 7, "num_processes": 2, "device": "cpu"}},
+        {"hidden_states": {"device": "cuda"}},
+    ],
+    ids=lambda update: ",".join(f"{section}.{key}" for section, keys in update.items() for key in keys),
+)
+def test_settings_of_speed_or_placement_plan_nothing(workdir, update):
+    """Where and how fast a stage runs leaves its artifacts as they are (README "Rebuilding")."""
+    edit_config(workdir, update)
+    assert planned(workdir) == {}
+
+
+def test_engine_settings_that_define_artifacts_still_rebuild(workdir):
+    edit_config(workdir, {"vllm": {"kv_cache_dtype": "fp8"}})  # the states of a quantised KV cache
+    assert {"generate_responses", "tokenize", "evaluate_vllm"} <= set(planned(workdir))
+
+
 def test_max_seq_len_reextracts_every_shard_whose_samples_it_cuts(workdir):
     lengths = [len(json.loads(line)["input_ids"]) for line in (workdir / "results/data/tokenized_data.jsonl").open()]
     edit_config(workdir, {"tokenize": {"max_seq_len": min(lengths) - 1}})  # cuts every sample

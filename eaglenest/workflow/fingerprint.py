@@ -3,8 +3,11 @@
 Snakemake tracks neither the modules a script imports nor anything below the script, so each
 rule gets a `code` param: a hash of its script and of every eaglenest module the script reaches
 through imports (with the packages' __init__.py, which Python runs on the way). The hash is of
-the syntax tree without docstrings, so comment, whitespace and docstring edits do not make
-artifacts stale, while any change to what the code does does.
+the syntax tree without docstrings and logging calls, so comment, whitespace, docstring and log
+message edits do not make artifacts stale, while any change to what the code computes does.
+Modules that cannot change an artifact's content (PLUMBING: logging and errors of a stage, GPU
+leases, device choice, launching processes) are left out of every closure, with what only they
+import.
 
 Parsing every module slows every dry run (BENCHMARKS.md), so a module's summary is kept in a
 cache file keyed by the sha256 of its source: an entry can never be stale, and a lost write only
@@ -20,22 +23,39 @@ import tempfile
 from pathlib import Path
 
 PACKAGE = "eaglenest"
+# How a stage runs, not what it computes: a fix here rebuilds nothing (README "Rebuilding").
+PLUMBING = frozenset(map(Path, (
+    "eaglenest/workflow/stage.py",      # logging to the rule's log, one-line errors
+    "eaglenest/workflow/gpu_lease.py",  # which GPUs a job gets
+    "eaglenest/workflow/device.py",     # cpu or cuda
+    "eaglenest/train/launch.py",        # torchrun processes and nodes
+)))
+LOG_CALLS = frozenset(("debug", "info", "warning", "error", "exception", "critical"))
+
+
+def _is_log_call(node):
+    """Whether `node` is a statement `log.info(...)` / `logging.warning(...)` (any logger named log,
+    logger or logging): what it says is for people, not part of what the module computes."""
+    call = node.value if isinstance(node, ast.Expr) else None
+    return (isinstance(call, ast.Call) and isinstance(call.func, ast.Attribute) and call.func.attr in LOG_CALLS
+            and isinstance(call.func.value, ast.Name) and call.func.value.id in ("log", "logger", "logging"))
 
 
 def summarize(source):
-    """(sha256 of the docstring-free AST, sorted eaglenest modules imported anywhere) of a module."""
+    """(sha256 of the AST without docstrings and logging calls, sorted eaglenest modules imported
+    anywhere) of a module."""
     tree = ast.parse(source)
     imported = set()
     for node in ast.walk(tree):
-        body = getattr(node, "body", None)
-        if (
-            isinstance(body, list)
-            and body
-            and isinstance(body[0], ast.Expr)
-            and isinstance(body[0].value, ast.Constant)
-            and isinstance(body[0].value.value, str)
-        ):
-            node.body = body[1:] or [ast.Pass()]
+        for field in ("body", "orelse", "finalbody"):
+            body = getattr(node, field, None)
+            if not isinstance(body, list) or not body or not isinstance(body[0], ast.stmt):
+                continue
+            if isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant) and field == "body" \
+                    and isinstance(body[0].value.value, str):
+                body = body[1:]
+            kept = [statement for statement in body if not _is_log_call(statement)]
+            setattr(node, field, kept or [ast.Pass()])
         if isinstance(node, ast.Import):
             imported.update(a.name for a in node.names if a.name.split(".")[0] == PACKAGE)
         elif isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[0] == PACKAGE:
@@ -87,7 +107,7 @@ def _closure(root, script, summaries):
     todo, found = [Path(script)], {}
     while todo:
         path = todo.pop()
-        if path in found:
+        if path in found or path in PLUMBING:
             continue
         source = (root / path).read_bytes()
         key = hashlib.sha256(source).hexdigest()
