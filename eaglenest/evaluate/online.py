@@ -10,7 +10,7 @@ import logging
 
 from eaglenest.data.samples import is_heldout, read_tokenized
 from eaglenest.data.tokenizer import load_tokenizer, special_token_id
-from eaglenest.engine import generate
+from eaglenest.engine import generate, vllm_cpu
 from eaglenest.evaluate.agreement import verify_agreement
 from eaglenest.workflow.atomic import atomic_path, write_json
 from eaglenest.workflow.errors import InputError
@@ -31,9 +31,37 @@ def heldout_prompts(tokenized_path, heldout_fraction, max_prompts):
     return ids, prompts
 
 
+def greedy_divergence(ids, plain, spec):
+    """How speculation changed greedy text: {"divergent_share": share of prompts whose tokens
+    differ, "first_divergence": the first such prompt's id and the generated token where it
+    differs, or None}."""
+    changed = [i for i, (a, b) in enumerate(zip(plain, spec)) if a != b]
+    first = None
+    if changed:
+        a, b = plain[changed[0]], spec[changed[0]]
+        at = next((j for j, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+        first = {"id": ids[changed[0]], "generated_token": at}
+    return {"divergent_share": len(changed) / len(plain), "first_divergence": first}
+
+
+def check_greedy_identity(divergence, *, exact, max_divergent_share):
+    """Speculation must not change greedy text. Where the engine is bit-exact (vLLM's CPU build
+    in float32) one changed prompt is a fault; elsewhere (bf16 on GPUs, whose verification
+    batches are not bit-identical to plain decoding) text may drift late, so only a share of
+    changed prompts above `max_divergent_share` is (docs/PITFALLS.md, "Reproducible bytes and
+    GPU numerics")."""
+    share, first = divergence["divergent_share"], divergence["first_divergence"]
+    limit = 0.0 if exact else max_divergent_share
+    if share > limit:
+        rule = "bit-exact engine: none may" if exact else f"eval.max_divergent_share {max_divergent_share}"
+        raise InputError(f"speculation changed the greedy text of {share:.1%} of the prompts ({rule}), "
+                         f"first {first['id']!r} at generated token {first['generated_token']}")
+
+
 def evaluate_vllm(tokenized_path, target_dir, drafter_dir, trained_config_path, manifest_path, d2t_path, t2d_path,
                   metrics_path, outputs_path, *, heldout_fraction, num_speculative_tokens, max_tokens,
-                  max_prompts, concurrency, agreement_tolerance, vllm, trust_remote_code, end_of_turn):
+                  max_prompts, concurrency, agreement_tolerance, max_divergent_share, vllm, trust_remote_code,
+                  end_of_turn):
     """Run the target in vLLM without and with the drafter on the held-out prompts; write the
     greedy continuations (JSONL) and vllm_metrics.json; fail when speculation changed the text
     or when vLLM's acceptance disagrees with the offline evaluator on that text.
@@ -52,12 +80,12 @@ def evaluate_vllm(tokenized_path, target_dir, drafter_dir, trained_config_path, 
     with atomic_path(outputs_path) as tmp, open(tmp, "w") as f:
         for sample_id, prompt, tokens in zip(ids, prompts, plain["token_ids"]):
             f.write(json.dumps({"id": sample_id, "prompt_token_ids": prompt, "token_ids": tokens}) + "\n")
-    changed = [i for i, (a, b) in enumerate(zip(plain["token_ids"], spec["token_ids"])) if a != b]
-    if changed:
-        a, b = plain["token_ids"][changed[0]], spec["token_ids"][changed[0]]
-        at = next((j for j, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
-        raise InputError(f"speculation changed the greedy text of {len(changed)}/{len(prompts)} prompts, "
-                         f"first {ids[changed[0]]!r} at generated token {at}")
+    divergence = greedy_divergence(ids, plain["token_ids"], spec["token_ids"])
+    exact = vllm_cpu() and vllm["dtype"] == "float32"
+    log.info("greedy text changed by speculation in %.1f%% of the prompts (first: %s; %s)",
+             100 * divergence["divergent_share"], divergence["first_divergence"],
+             "bit-exact engine" if exact else f"at most {max_divergent_share:.1%} allowed")
+    check_greedy_identity(divergence, exact=exact, max_divergent_share=max_divergent_share)
     online, offline, gap = verify_agreement(
         target_dir, drafter_dir, trained_config_path, manifest_path, d2t_path, t2d_path, prompts,
         plain["token_ids"], spec["counters"], num_speculative_tokens=K, agreement_tolerance=agreement_tolerance,
@@ -73,7 +101,10 @@ def evaluate_vllm(tokenized_path, target_dir, drafter_dir, trained_config_path, 
         "tokens_per_s_without_speculation": plain["tokens_per_s"],
         "tokens_per_s_with_speculation": spec["tokens_per_s"],
         "speedup": spec["tokens_per_s"] / plain["tokens_per_s"],
-        "greedy_text_unchanged": True,
+        "greedy_text_unchanged": divergence["divergent_share"] == 0,
+        **divergence,
+        "greedy_identity_exact": exact,
+        "max_divergent_share": max_divergent_share,
         "offline_on_vllm_text": offline,
         "max_disagreement": gap,
         "agreement_tolerance": agreement_tolerance,
