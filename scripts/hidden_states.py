@@ -13,6 +13,7 @@ if __name__ == "__main__":  # the vLLM backend starts processes that may import 
         aux_layer_ids=snakemake.params.aux_layer_ids,
         dtype=snakemake.params.dtype,
         device=snakemake.config["hidden_states"]["device"],
+        batch_tokens=snakemake.config["hidden_states"]["batch_tokens"],
         vllm=snakemake.config["vllm"],
         trust_remote_code=snakemake.params.trust_remote_code,
         gpus=snakemake.resources.gpu,

@@ -5,7 +5,7 @@ import torch
 from safetensors import safe_open
 
 from eaglenest.states.convention import default_aux_layer_ids, resolve_aux_layer_ids
-from eaglenest.states.hf import extract_shard, load_target
+from eaglenest.states.hf import batches, extract_shard, extract_with, load_target
 from eaglenest.states.manifest import write_manifest
 from eaglenest.states.parts import shard_of
 from eaglenest.states.shards import read_shard
@@ -80,3 +80,31 @@ def test_shard_assignment_is_stable_when_samples_are_appended():
     after = {i: shard_of(i, 7) for i in ids + [f"new-{i}" for i in range(50)]}
     assert all(after[i] == before[i] for i in ids)
     assert len(set(before.values())) == 7  # every shard gets samples
+
+
+def mixed_samples(vocab_size, lengths, seed=0):
+    generator = torch.Generator().manual_seed(seed)
+    return [{"id": f"m{i}", "input_ids": torch.randint(0, vocab_size, (n,), generator=generator).tolist(),
+             "loss_mask": [0] + [1] * (n - 1)} for i, n in enumerate(lengths)]
+
+
+@pytest.mark.parametrize("target", ["demo", "deepseek"])
+def test_batched_extraction_equals_one_at_a_time(target, demo_target, tmp_path):
+    """Padded batches of mixed lengths (several sequences per forward) give the states of one
+    sequence per forward, within float rounding: wrong states at batch > 1 are a known failure of
+    other extractors. On the demo Llama and on a DeepSeek-V3 (MLA + MoE, Kimi's text model)."""
+    from tiny_deepseek import build_tiny_deepseek
+
+    if target == "deepseek":
+        build_tiny_deepseek(tmp_path / "deepseek")
+    target_dir = demo_target if target == "demo" else tmp_path / "deepseek"
+    model = load_target(target_dir, "float32", "cpu", trust_remote_code=False)
+    samples = mixed_samples(model.config.vocab_size, [37, 5, 120, 64, 1, 90, 33, 7])
+    assert [len(batch) for batch in batches(samples, 6 * 120)] == [6, 2]  # 4 or more per forward
+    one, batched = tmp_path / "one.safetensors", tmp_path / "batched.safetensors"
+    extract_with(model, samples, one, aux_layer_ids=None, dtype="float32", batch_tokens=1)
+    extract_with(model, samples, batched, aux_layer_ids=None, dtype="float32", batch_tokens=6 * 120)
+    for a, b in zip(read_shard(one), read_shard(batched), strict=True):
+        assert a["id"] == b["id"] and torch.equal(a["input_ids"], b["input_ids"])
+        for key in ("aux_hidden_states", "final_hidden_states"):
+            torch.testing.assert_close(a[key], b[key], atol=1e-5, rtol=1e-4)

@@ -111,7 +111,7 @@ def test_config_changes_plan_exactly_their_stages(workdir, update, reruns, shard
         {"vllm": {"max_num_seqs": 8, "max_num_batched_tokens": 2048}},
         {"vllm": {"enforce_eager": False, "attention_backend": "CPU_ATTN", "tensor_parallel_size": 2}},
         {"train": {"checkpoint_every": 7, "num_processes": 2, "device": "cpu"}},
-        {"hidden_states": {"device": "cuda"}},
+        {"hidden_states": {"device": "cuda", "batch_tokens": 512}},
     ],
     ids=lambda update: ",".join(f"{section}.{key}" for section, keys in update.items() for key in keys),
 )

@@ -9,11 +9,11 @@ from eaglenest.states.vllm_extract import extract_shard_vllm
 log = logging.getLogger(__name__)
 
 
-def extract_shard_part(part_path, target_dir, shard_path, *, backend, aux_layer_ids, dtype, device, vllm,
+def extract_shard_part(part_path, target_dir, shard_path, *, backend, aux_layer_ids, dtype, device, batch_tokens, vllm,
                        trust_remote_code):
     """The samples of `part_path`, extracted into `shard_path`.
 
-    backend "hf": transformers on `device`; "vllm": the target in vLLM with the `vllm` settings
+    backend "hf": transformers on `device`, `batch_tokens` padded tokens per forward; "vllm": the target in vLLM with the `vllm` settings
     (tensor parallelism for targets one GPU cannot hold), see eaglenest.states.vllm_extract.
     trust_remote_code (config target.trust_remote_code): whether the target's own code may run.
     """
@@ -23,4 +23,4 @@ def extract_shard_part(part_path, target_dir, shard_path, *, backend, aux_layer_
         return extract_shard_vllm(target_dir, samples, shard_path, aux_layer_ids=aux_layer_ids, dtype=dtype, vllm=vllm,
                                   trust_remote_code=trust_remote_code)
     return extract_shard(target_dir, samples, shard_path, aux_layer_ids=aux_layer_ids, dtype=dtype, device=device,
-                         trust_remote_code=trust_remote_code)
+                         trust_remote_code=trust_remote_code, batch_tokens=batch_tokens)

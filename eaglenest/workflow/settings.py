@@ -14,7 +14,7 @@ SPEED_ONLY = {
              "max_num_seqs", "max_num_batched_tokens"),
     # training: where, in how many processes, how often a resume checkpoint is written
     "train": ("device", "num_processes", "checkpoint_every"),
-    "hidden_states": ("device",),
+    "hidden_states": ("device", "batch_tokens"),
 }
 
 
