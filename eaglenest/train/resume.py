@@ -33,7 +33,7 @@ def run_key(arguments):
     key = {name: value for name, value in arguments.items() if name not in NOT_IN_RUN_KEY}
     key["shard_paths"] = [Path(path).name for path in arguments["shard_paths"]]
     key["manifest_path"] = Path(arguments["manifest_path"]).read_text()
-    # by content: the bytes torch.save writes also hold the file's name
+    # by content, not by file bytes: what identifies the vocabulary is its ids, however it was serialised
     d2t, t2d = load_vocab(key.pop("d2t_path"), key.pop("t2d_path"))
     key["vocab"] = hashlib.sha256(d2t.numpy().tobytes() + t2d.numpy().tobytes()).hexdigest()
     key["target_dir"] = target_config(arguments["target_dir"])

@@ -69,8 +69,12 @@ def write_json(path, obj):
 
 
 def save_torch(path, obj):
-    """torch.save, atomically."""
+    """torch.save, atomically, with the same bytes for the same `obj` whatever the path.
+
+    Given a path, torch.save names the archive's records after the file, here a random
+    temporary name; given an open file it names them "archive" (docs/PITFALLS.md).
+    """
     import torch
 
-    with atomic_path(path) as tmp:
-        torch.save(obj, tmp)
+    with atomic_path(path) as tmp, open(tmp, "wb") as f:
+        torch.save(obj, f)
