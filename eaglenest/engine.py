@@ -36,11 +36,12 @@ ENGINE_ARGS = ("dtype", "kv_cache_dtype", "tensor_parallel_size", "gpu_memory_ut
 OPTIONAL_ENGINE_ARGS = ("max_num_seqs", "max_num_batched_tokens", "attention_backend")
 
 
-def engine_args(vllm, **overrides):
+def engine_args(vllm, *, trust_remote_code, **overrides):
     """`vllm.LLM` keywords from the config's vllm section: its settings (the optional ones when
-    set), then a stage's own `overrides` (max_num_seqs, speculative_config, seed, ...); an
-    override of None is left to vLLM's default. The one place config becomes engine arguments."""
-    args = {key: vllm[key] for key in ENGINE_ARGS}
+    set) and target.trust_remote_code, then a stage's own `overrides` (max_num_seqs,
+    speculative_config, seed, ...); an override of None is left to vLLM's default. The one place
+    config becomes engine arguments: every stage's engine is built from what this returns."""
+    args = {key: vllm[key] for key in ENGINE_ARGS} | {"trust_remote_code": trust_remote_code}
     args.update({key: vllm[key] for key in OPTIONAL_ENGINE_ARGS if vllm.get(key)})
     args.update({key: value for key, value in overrides.items() if value is not None})
     return args
@@ -55,10 +56,9 @@ def vllm_cpu():
     return True
 
 
-def start_engine(target_dir, args, *, trust_remote_code):
+def start_engine(target_dir, args):
     """vLLM's offline engine (`vllm.LLM`) on `target_dir` with engine arguments `args` (see
-    engine_args), the way every stage runs the target: the target's own code only when
-    `trust_remote_code` (config target.trust_remote_code), no tokenizer (prompts are token ids),
+    engine_args), the way every stage runs the target: no tokenizer (prompts are token ids),
     prefix caching off (each run computes every token), stats on (the spec-decode counters),
     seed 0 unless `args` says otherwise, Snakemake's thread variables hidden while it starts."""
     # vLLM would replace the logging setup (and mute our loggers); this way its lines go to the rule's log.
@@ -67,8 +67,8 @@ def start_engine(target_dir, args, *, trust_remote_code):
 
     hidden = {name: os.environ.pop(name) for name in THREAD_VARS if name in os.environ}
     try:
-        return LLM(model=str(target_dir), trust_remote_code=trust_remote_code, skip_tokenizer_init=True,
-                   enable_prefix_caching=False, disable_log_stats=False, **{"seed": 0, **args})
+        return LLM(model=str(target_dir), skip_tokenizer_init=True, enable_prefix_caching=False,
+                   disable_log_stats=False, **{"seed": 0, **args})
     finally:
         os.environ.update(hidden)
 
@@ -114,9 +114,9 @@ def generate(target_dir, prompts, vllm, *, trust_remote_code, stop_token_ids, ma
     if drafter_dir is not None:
         speculative_config = {"method": "eagle3", "model": str(drafter_dir),
                               "num_speculative_tokens": num_speculative_tokens}
-    llm = start_engine(target_dir, engine_args(vllm, seed=seed, max_num_seqs=max_num_seqs or None,
-                                               speculative_config=speculative_config),
-                       trust_remote_code=trust_remote_code)
+    llm = start_engine(target_dir, engine_args(vllm, trust_remote_code=trust_remote_code, seed=seed,
+                                               max_num_seqs=max_num_seqs or None,
+                                               speculative_config=speculative_config))
     import vllm as vllm_package  # after start_engine: vLLM sets up its logging when first imported
     from vllm import SamplingParams
 

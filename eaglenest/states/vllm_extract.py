@@ -151,8 +151,8 @@ class VllmStateExtractor:
         start = time.monotonic()
         with worker_environment():
             self.llm = start_engine(target_dir, engine_args(
-                vllm, max_model_len=self.max_model_len + 1, enforce_eager=True, max_num_seqs=1,
-                worker_extension_cls=WORKER_EXTENSION, **extra), trust_remote_code=trust_remote_code)
+                vllm, trust_remote_code=trust_remote_code, max_model_len=self.max_model_len + 1, enforce_eager=True,
+                max_num_seqs=1, worker_extension_cls=WORKER_EXTENSION, **extra))
         try:
             info = _rank0(self.llm.collective_rpc("eaglenest_start_capture", args=(self.aux_layer_ids,)))
         except Exception:
