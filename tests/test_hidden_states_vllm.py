@@ -13,6 +13,7 @@ on states of magnitude 10-25; the tolerance below leaves ~10x headroom.
 import logging
 import math
 import os
+import re
 
 import pytest
 import torch
@@ -25,6 +26,7 @@ from eaglenest.data.target import target_config
 from tiny_deepseek import build_tiny_deepseek
 
 LENGTHS = [1, 7, 40, 130, 3, 512]  # one token, short, several 32-token chunks, as long as max_model_len
+BATCHED_LENGTHS = [3, 5, 2, 9, 4, 6, 70, 1, 8, 12]  # several short ones per step, one chunked beside them
 STEP_BUDGET = 32
 AUX = [2, 4, 5]  # vLLM's default for 8 layers
 TOLERANCE = dict(atol=1e-4, rtol=1e-5)
@@ -32,11 +34,11 @@ VLLM = {"dtype": "float32", "kv_cache_dtype": "auto", "tensor_parallel_size": 1,
         "max_model_len": 512, "enforce_eager": True}
 
 
-def make_samples(target_dir, seed):
+def make_samples(target_dir, seed, lengths=LENGTHS):
     vocab = target_config(target_dir)["vocab_size"]
     g = torch.Generator().manual_seed(seed)
     return [{"id": f"s{i}", "input_ids": torch.randint(0, vocab, (n,), generator=g).tolist(),
-             "loss_mask": [int(j >= n // 2) for j in range(n)]} for i, n in enumerate(LENGTHS)]
+             "loss_mask": [int(j >= n // 2) for j in range(n)]} for i, n in enumerate(lengths)]
 
 
 class Records(logging.Handler):
@@ -48,9 +50,9 @@ class Records(logging.Handler):
         self.messages.append(record.getMessage())
 
 
-def run_both(target_dir, out_dir, vllm, env):
+def run_both(target_dir, out_dir, vllm, env, lengths=LENGTHS):
     """HF-backend and vLLM-backend shards of the same samples, and the vLLM backend's log lines."""
-    samples = make_samples(target_dir, seed=0)
+    samples = make_samples(target_dir, seed=0, lengths=lengths)
     hf, vl = out_dir / "hf.safetensors", out_dir / "vllm.safetensors"
     extract_shard(target_dir, samples, hf, aux_layer_ids=None, dtype="float32", device="cpu", trust_remote_code=False)
     records = Records()
@@ -67,7 +69,7 @@ def run_both(target_dir, out_dir, vllm, env):
     finally:
         logger.removeHandler(records)
         logger.setLevel(level)
-    assert stats == {"num_samples": len(samples), "num_tokens": sum(LENGTHS)}
+    assert stats == {"num_samples": len(samples), "num_tokens": sum(lengths)}
     return {"target": target_dir, "samples": samples, "hf": hf, "vllm": vl, "log": records.messages}
 
 
@@ -76,6 +78,14 @@ def demo(demo_target, tmp_path_factory):
     return run_both(demo_target, tmp_path_factory.mktemp("demo_shards"),
                     {**VLLM, "max_num_batched_tokens": STEP_BUDGET},
                     {"VLLM_WORKER_MULTIPROC_METHOD": "spawn"})
+
+
+@pytest.fixture(scope="module")
+def demo_batched(demo_target, tmp_path_factory):
+    """Many short samples and one long, 8 sequences and 32 tokens per step at most."""
+    return run_both(demo_target, tmp_path_factory.mktemp("demo_batched"),
+                    {**VLLM, "max_num_seqs": 8, "max_num_batched_tokens": STEP_BUDGET},
+                    {"VLLM_WORKER_MULTIPROC_METHOD": "spawn"}, lengths=BATCHED_LENGTHS)
 
 
 @pytest.fixture(scope="module")
@@ -137,11 +147,26 @@ def test_demo_target_layer_convention(demo):
     check_convention(demo)
 
 
+def progress(run):
+    """(forward steps, most sequences in one step, steps without token ids) from the last progress line."""
+    line = [m for m in run["log"] if "forward steps" in m][-1]
+    return tuple(map(int, re.search(r"\((\d+) forward steps of up to (\d+) sequences, (\d+) without", line).groups()))
+
+
 def test_long_prompts_were_prefilled_in_chunks_and_stitched(demo):
-    """With a 32-token step budget each sample takes ceil(n / 32) steps, and every step's rows were
-    checked against the token ids vLLM embedded (the shard equality above proves the stitching)."""
-    steps = sum(math.ceil(n / STEP_BUDGET) for n in LENGTHS)
-    assert any(f"({steps} forward steps, 0 without token ids to check)" in m for m in demo["log"]), demo["log"]
+    """With a 32-token step budget the 512-token sample alone takes 16 steps, and every step's rows
+    were checked against the token ids vLLM embedded (the shard equality above proves the stitching)."""
+    steps, widest, unchecked = progress(demo)
+    assert steps >= math.ceil(sum(LENGTHS) / STEP_BUDGET) and steps >= 512 // STEP_BUDGET
+    assert widest >= 2 and unchecked == 0
+
+
+def test_several_sequences_per_step_give_the_states_of_one_at_a_time(demo_batched):
+    """At 4 or more sequences per step, mixed lengths and a prompt chunked beside others: the states
+    equal the HF backend's (one sequence per forward)."""
+    steps, widest, unchecked = progress(demo_batched)
+    assert widest >= 4 and unchecked == 0 and steps >= math.ceil(sum(BATCHED_LENGTHS) / STEP_BUDGET)
+    print("demo target, batched steps, max |vLLM - HF|:", max_diffs(demo_batched))
 
 
 def test_tiny_deepseek_v3_at_tp2_vllm_shard_equals_hf_shard(deepseek):
@@ -166,26 +191,40 @@ def test_empty_shard_needs_no_engine(demo_target, tmp_path):
     assert read_shard(path) == [] and layout(path) == layout(hf)
 
 
-def steps_of(chunks):
-    """Forward steps as the worker records them: (ids, first position) per step; states = ids as floats."""
-    return [{"positions": torch.arange(p, p + len(ids)), "input_ids": torch.tensor(ids),
-             "aux": torch.tensor(ids, dtype=torch.float32)[:, None].repeat(1, 3),
-             "final": torch.tensor(ids, dtype=torch.float32)[:, None]} for ids, p in chunks]
+def steps_of(steps):
+    """Forward steps as the worker records them: per step, its sequences' (request ordinal, ids,
+    first position); states = ids as floats."""
+    recorded = []
+    for sequences in steps:
+        ids = [i for _, chunk, _ in sequences for i in chunk]
+        positions = [p + j for _, chunk, p in sequences for j in range(len(chunk))]
+        starts = [0]
+        for _, chunk, _ in sequences:
+            starts.append(starts[-1] + len(chunk))
+        recorded.append({
+            "spans": torch.tensor([[ordinal, a, b] for (ordinal, _, _), a, b in zip(sequences, starts, starts[1:])]),
+            "positions": torch.tensor(positions), "input_ids": torch.tensor(ids),
+            "aux": torch.tensor(ids, dtype=torch.float32)[:, None].repeat(1, 3),
+            "final": torch.tensor(ids, dtype=torch.float32)[:, None]})
+    return recorded
 
 
 def test_stitch_maps_rows_to_samples_or_fails():
     samples = [{"id": "a", "input_ids": [5, 6, 7, 8, 9]}, {"id": "b", "input_ids": [1, 2]}]
-    # a's prefill in two chunks, a stray decode step of a, a recomputation of b after a preemption
-    steps = steps_of([([5, 6, 7], 0), ([8, 9], 3), ([42], 5), ([1], 0), ([1, 2], 0)])
+    # one step holds a's first chunk and b's start; then a's second chunk beside b's stray decode;
+    # then a recomputation of b after a preemption (request ordinals 7 and 8: numbered by vLLM)
+    steps = steps_of([[(7, [5, 6, 7], 0), (8, [1], 0)], [(8, [42], 5), (7, [8, 9], 3)], [(8, [1, 2], 0)]])
     (aux_a, final_a), (aux_b, final_b) = stitch(steps, samples)
     assert final_a[:, 0].tolist() == [5, 6, 7, 8, 9] and aux_a.shape == (5, 3)
     assert final_b[:, 0].tolist() == [1, 2]
     with pytest.raises(RuntimeError, match="other tokens"):
-        stitch(steps_of([([5, 6, 7, 8, 9], 0), ([1, 3], 0)]), samples)
+        stitch(steps_of([[(0, [5, 6, 7, 8, 9], 0), (1, [1, 3], 0)]]), samples)
     with pytest.raises(RuntimeError, match="of 5 tokens captured"):
-        stitch(steps_of([([5, 6, 7], 0), ([1, 2], 0)]), samples)
+        stitch(steps_of([[(0, [5, 6, 7], 0), (1, [1, 2], 0)]]), samples)
     with pytest.raises(RuntimeError, match="1 of 2 samples"):
-        stitch(steps_of([([5, 6, 7, 8, 9], 0)]), samples)
+        stitch(steps_of([[(0, [5, 6, 7, 8, 9], 0)]]), samples)
+    with pytest.raises(RuntimeError, match="a step starts at 3, 2 tokens captured"):
+        stitch(steps_of([[(0, [5, 6], 0), (1, [1, 2], 0)], [(0, [8, 9], 3)]]), samples)
 
 
 def test_the_workflow_extracts_shards_with_the_vllm_backend(workdir):

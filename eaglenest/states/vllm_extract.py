@@ -7,19 +7,18 @@ captured rows back into samples and writes the shard exactly as the HF backend d
 (eaglenest.states.shards.write_shard).
 
 Mapping captured rows to samples. vLLM flattens all sequences of a step into one token axis.
-The engine runs with max_num_seqs=1, so every forward step holds tokens of exactly one
-sequence; samples are submitted in order (FCFS), each with max_tokens=1 (a prefill and nothing
-else), prefix caching off (every prompt token is computed). A prompt longer than the step's
-token budget is prefilled in chunks over consecutive steps (chunked prefill): the hooks record
-each step's `positions`, and rows are stitched back by position (a step starting at position 0
-starts the next sample, one starting at the current length continues it; a decode step past the
-prompt's end, should one run, is dropped). The token ids each step embedded are recorded too,
-and every stitched sample must reproduce its input_ids exactly, or the extraction fails: a
-mapping error can never pass silently. One sequence per step is the simple correct choice: a
-step's rows need no request bookkeeping, and a chunked prompt is just consecutive steps. Its
-cost is throughput when samples are short (a long prompt fills a step by itself; a few hundred
-tokens leave a large MoE target's weight reads under-used). Several sequences per step would
-need vLLM's per-step request layout, an internal that differs between its model runners.
+Several sequences run per step (vllm.max_num_seqs, vllm.max_num_batched_tokens: speed only), each
+sample submitted with max_tokens=1 (a prefill and nothing else) and prefix caching off (every
+prompt token is computed). The worker records each step's request layout from the model runner
+(its requests in row order and their row offsets, `query_start_loc`), with the positions and the
+token ids the step embedded. Rows are cut into one chunk per request and step, and each request's
+chunks are stitched by position: a chunk at position 0 starts the sample (again, after a
+preemption), one at the current length continues it (a prompt longer than the step's token
+budget is prefilled in chunks over several steps), a decode chunk past the prompt's end, should
+one run, is dropped. Every stitched sample must reproduce its input_ids exactly, or the
+extraction fails: a mapping error (wrong states at batch > 1, a known failure of other
+extractors) can never pass silently. The request layout is an internal of vLLM's GPU model
+runner (which its CPU runner inherits); a runner without it makes the worker fail loudly.
 vLLM counts the one sampled token against max_model_len, so the engine gets vllm.max_model_len
 + 1 (VLLM_ALLOW_LONG_MAX_MODEL_LEN: that token is never run through the model) and samples of up
 to vllm.max_model_len tokens (tokenize.max_seq_len) all fit.
@@ -61,58 +60,61 @@ def _rank0(results):
     return answers[0]
 
 
-def stitch(steps, samples):
-    """Rows of one-sequence steps (in execution order) -> per sample (aux [T, 3H], final [T, H]).
-
-    A step starting at position 0 starts the next sample (or, before the current one is complete,
-    restarts it: a preempted request is recomputed); one starting at the current length continues
-    it (a prefill chunk); a step at or past the sample's end (a decode step) is dropped.
-    Every sample must come out complete, with exactly its input_ids where ids were recorded.
-    """
-    out, i, parts, filled = [], -1, [], 0
-
-    def finish():
-        if i < 0:
-            return
-        sample = samples[i]
-        n = len(sample["input_ids"])
-        if filled != n:
-            raise RuntimeError(f"{sample['id']}: {filled} of {n} tokens captured")
-        aux = torch.cat([p["aux"] for p in parts])
-        final = torch.cat([p["final"] for p in parts])
-        if all(p["input_ids"] is not None for p in parts):
-            ids = torch.cat([p["input_ids"] for p in parts])
-            if ids.tolist() != list(sample["input_ids"]):
-                raise RuntimeError(f"{sample['id']}: captured rows belong to other tokens")
-        out.append((aux, final))
-
+def request_chunks(steps):
+    """Rows of forward steps (in execution order) -> {request ordinal: [chunk, ...]}: a chunk is
+    one sequence's rows of one step (positions, aux, final, input_ids), cut by the step's spans."""
+    chunks = {}
     for step in steps:
-        positions = step["positions"].reshape(-1, step["positions"].shape[-1])[0]
-        start, n = int(positions[0]), positions.shape[0]
-        if not torch.equal(positions, torch.arange(start, start + n)):
-            raise RuntimeError(f"a step holds positions {positions.tolist()[:8]}...: not one sequence")
-        if start == 0 and (i < 0 or filled == len(samples[i]["input_ids"])):
-            finish()
-            i, parts, filled = i + 1, [], 0
-            if i >= len(samples):
-                raise RuntimeError("more sequences ran than samples were submitted")
-        elif start == 0:  # the unfinished sample computed again from its start (preempted)
+        ids = step["input_ids"]
+        for ordinal, a, b in step["spans"].tolist():
+            chunks.setdefault(ordinal, []).append({
+                "positions": step["positions"][..., a:b], "aux": step["aux"][a:b], "final": step["final"][a:b],
+                "input_ids": None if ids is None else ids[a:b]})
+    return chunks
+
+
+def stitch_sample(chunks, sample):
+    """One request's chunks (in execution order) -> (aux [T, 3H], final [T, H]) of `sample`.
+
+    A chunk at position 0 starts the sample (again, after a preemption: it is recomputed); one at
+    the current length continues it (a prefill chunk); one at or past the sample's end (a decode
+    step) is dropped. The sample must come out complete, with exactly its input_ids where ids
+    were recorded."""
+    n = len(sample["input_ids"])
+    parts, filled = [], 0
+    for chunk in chunks:
+        positions = chunk["positions"].reshape(-1, chunk["positions"].shape[-1])[0]
+        start, m = int(positions[0]), positions.shape[0]
+        if not torch.equal(positions, torch.arange(start, start + m)):
+            raise RuntimeError(f"{sample['id']}: a step holds positions {positions.tolist()[:8]}...: not one sequence")
+        if start == 0:
             parts, filled = [], 0
-        if i < 0:
-            raise RuntimeError("the first step does not start at position 0")
-        length = len(samples[i]["input_ids"])
-        if start >= length:  # a decode step: not part of the prompt
+        if start >= n:
             continue
         if start != filled:
-            raise RuntimeError(f"{samples[i]['id']}: a step starts at {start}, {filled} tokens captured")
-        take = min(n, length - start)
-        parts.append({key: (step[key][:take] if step[key] is not None else None)
+            raise RuntimeError(f"{sample['id']}: a step starts at {start}, {filled} tokens captured")
+        take = min(m, n - start)
+        parts.append({key: (chunk[key][:take] if chunk[key] is not None else None)
                       for key in ("aux", "final", "input_ids")})
         filled += take
-    finish()
-    if len(out) != len(samples):
-        raise RuntimeError(f"{len(out)} of {len(samples)} samples captured")
-    return out
+    if filled != n:
+        raise RuntimeError(f"{sample['id']}: {filled} of {n} tokens captured")
+    if all(p["input_ids"] is not None for p in parts):
+        if torch.cat([p["input_ids"] for p in parts]).tolist() != list(sample["input_ids"]):
+            raise RuntimeError(f"{sample['id']}: captured rows belong to other tokens")
+    return torch.cat([p["aux"] for p in parts]), torch.cat([p["final"] for p in parts])
+
+
+def stitch(steps, samples):
+    """Rows of forward steps, each holding one or more sequences -> per sample (aux, final).
+
+    Samples were submitted in order, so the k-th request ordinal of the group is the k-th sample
+    (ordinals are consecutive: LLM.generate numbers its requests)."""
+    chunks = request_chunks(steps)
+    ordinals = sorted(chunks)
+    if not ordinals or ordinals != list(range(ordinals[0], ordinals[0] + len(samples))):
+        raise RuntimeError(f"{len(ordinals)} of {len(samples)} samples captured (request ordinals {ordinals[:8]})")
+    return [stitch_sample(chunks[ordinal], sample) for ordinal, sample in zip(ordinals, samples)]
 
 
 def _groups(samples, max_tokens):
@@ -152,7 +154,7 @@ class VllmStateExtractor:
         with worker_environment():
             self.llm = start_engine(target_dir, engine_args(
                 vllm, trust_remote_code=trust_remote_code, max_model_len=self.max_model_len + 1, enforce_eager=True,
-                max_num_seqs=1, worker_extension_cls=WORKER_EXTENSION, **extra))
+                worker_extension_cls=WORKER_EXTENSION, **extra))
         try:
             info = _rank0(self.llm.collective_rpc("eaglenest_start_capture", args=(self.aux_layer_ids,)))
         except Exception:
@@ -175,7 +177,7 @@ class VllmStateExtractor:
                                  f"takes 1 to vllm.max_model_len ({self.max_model_len})")
         params = SamplingParams(max_tokens=1, temperature=0.0, detokenize=False)
         dtype = DTYPES[self.dtype]
-        rows, done, tokens, num_steps, unchecked = [], 0, 0, 0, 0
+        rows, done, tokens, num_steps, unchecked, widest = [], 0, 0, 0, 0, 0
         total = sum(len(s["input_ids"]) for s in samples)
         start = time.monotonic()
         for group in _groups(samples, self.group_tokens):
@@ -186,6 +188,7 @@ class VllmStateExtractor:
                      for step in _rank0(self.llm.collective_rpc("eaglenest_take_states"))]
             num_steps += len(steps)
             unchecked += sum(step["input_ids"] is None for step in steps)
+            widest = max([widest] + [len(step["spans"]) for step in steps])
             for sample, (aux, final) in zip(group, stitch(steps, group)):
                 rows.append({
                     "id": sample["id"],
@@ -197,9 +200,9 @@ class VllmStateExtractor:
             done += len(group)
             tokens += sum(len(s["input_ids"]) for s in group)
             elapsed = max(time.monotonic() - start, 1e-9)
-            log.info("%s: %d/%d samples, %.0f tok/s, ETA %.0fs (%d forward steps, %d without token ids "
-                     "to check)", shard_path, done, len(samples), tokens / elapsed,
-                     (total - tokens) * elapsed / tokens, num_steps, unchecked)
+            log.info("%s: %d/%d samples, %.0f tok/s, ETA %.0fs (%d forward steps of up to %d sequences, "
+                     "%d without token ids to check)", shard_path, done, len(samples), tokens / elapsed,
+                     (total - tokens) * elapsed / tokens, num_steps, widest, unchecked)
         write_shard(shard_path, rows, hidden_size=self.hidden_size, dtype=dtype)
         return {"num_samples": len(rows), "num_tokens": tokens}
 

@@ -49,9 +49,14 @@ def _decoder(model):
 
 
 class _Capture:
-    """Hooks on one vLLM model that keep, per forward step, positions, token ids, aux and final states."""
+    """Hooks on one vLLM model that keep, per forward step, positions, token ids, aux and final
+    states, and the step's request layout (`spans`): [request ordinal, first row, end row] per
+    sequence, from the model runner's batch (its requests in row order, `query_start_loc`), read
+    when the step's first hook runs. The ordinal is the number LLM.generate gave the request (its
+    id before vLLM's random suffix), so the driver maps rows to samples without guessing."""
 
-    def __init__(self, model, aux_layer_ids):
+    def __init__(self, model, aux_layer_ids, runner):
+        self.runner = runner
         inner = _decoder(model)
         layers = inner.layers
         self.num_layers = len(layers)
@@ -94,10 +99,20 @@ class _Capture:
                                    "(a sequence-parallel split stream); not supported")
             stream = hidden if residual is None else hidden + residual
             if self._step is None:
-                self._step = {"positions": positions.detach().to("cpu", torch.int64, copy=True), "aux": {}}
+                self._step = {"positions": positions.detach().to("cpu", torch.int64, copy=True), "aux": {},
+                              "spans": self._spans(hidden.shape[0])}
             self._step["aux"][k] = stream.detach().to("cpu", copy=True)
 
         return hook
+
+    def _spans(self, num_rows):
+        batch = self.runner.input_batch
+        n = batch.num_reqs
+        starts = [int(x) for x in self.runner.query_start_loc.np[: n + 1]]
+        if starts[0] != 0 or starts[-1] > num_rows:
+            raise RuntimeError(f"the runner's batch ({starts}) does not lay out this step's {num_rows} rows")
+        return torch.tensor([[int(req_id.split("-")[0]), a, b]
+                             for req_id, a, b in zip(batch.req_ids[:n], starts, starts[1:])], dtype=torch.int64)
 
     def _keep_output(self, module, args, kwargs, output):
         hidden, residual = output if isinstance(output, tuple) else (output, None)
@@ -108,6 +123,7 @@ class _Capture:
         n = step["positions"].shape[-1]
         ids, self._ids = self._ids, None
         self.steps.append({
+            "spans": step["spans"],
             "positions": step["positions"],
             "input_ids": ids if ids is not None and ids.shape[0] == n else None,
             "aux": torch.cat([step["aux"][k] for k in self.aux_layer_ids], dim=-1),
@@ -155,7 +171,7 @@ class HiddenStatesWorker:
         model = self.model_runner.get_model()
         if get_tensor_model_parallel_rank() != 0:
             return None
-        self._eaglenest_capture = _Capture(model, aux_layer_ids)
+        self._eaglenest_capture = _Capture(model, aux_layer_ids, self.model_runner)
         inner = _decoder(model)
         return {"num_layers": self._eaglenest_capture.num_layers,
                 "dtype": str(next(inner.parameters()).dtype).removeprefix("torch.")}
