@@ -100,10 +100,11 @@ def test_batched_extraction_equals_one_at_a_time(target, demo_target, tmp_path):
     target_dir = demo_target if target == "demo" else tmp_path / "deepseek"
     model = load_target(target_dir, "float32", "cpu", trust_remote_code=False)
     samples = mixed_samples(model.config.vocab_size, [37, 5, 120, 64, 1, 90, 33, 7])
-    assert [len(batch) for batch in batches(samples, 6 * 120)] == [6, 2]  # 4 or more per forward
+    assert [len(batch) for batch in batches(samples, 6 * 120)] == [6, 2]  # 4 or more per forward (in order)
     one, batched = tmp_path / "one.safetensors", tmp_path / "batched.safetensors"
     extract_with(model, samples, one, aux_layer_ids=None, dtype="float32", batch_tokens=1)
     extract_with(model, samples, batched, aux_layer_ids=None, dtype="float32", batch_tokens=6 * 120)
+    assert [s["id"] for s in read_shard(batched)] == [s["id"] for s in samples]  # batched by length, written in order
     for a, b in zip(read_shard(one), read_shard(batched), strict=True):
         assert a["id"] == b["id"] and torch.equal(a["input_ids"], b["input_ids"])
         for key in ("aux_hidden_states", "final_hidden_states"):

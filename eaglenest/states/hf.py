@@ -132,26 +132,28 @@ def extract_shard(target_dir, samples, shard_path, *, aux_layer_ids, dtype, devi
 
 def extract_with(model, samples, shard_path, *, aux_layer_ids, dtype, batch_tokens=BATCH_TOKENS):
     """extract_shard with the target already loaded (for many shards in one process). Samples
-    go through in padded batches of at most `batch_tokens` (speed only: the states equal
+    go through in padded batches of at most `batch_tokens`, formed in order of length so that
+    little is padding, and are written in their own order (speed only: the states equal
     one-at-a-time extraction within float rounding)."""
     aux_layer_ids = resolve_aux_layer_ids(aux_layer_ids, model.config.num_hidden_layers)
-    rows = []
+    order = sorted(range(len(samples)), key=lambda i: len(samples[i]["input_ids"]))
+    rows, done = [None] * len(samples), 0
     start, tokens = time.monotonic(), 0
-    for batch in batches(samples, batch_tokens):
+    for batch in batches([samples[i] for i in order], batch_tokens):
         sequences = [torch.tensor(sample["input_ids"], dtype=torch.int64) for sample in batch]
-        for sample, input_ids, (aux, final) in zip(batch, sequences, capture_batch(model, sequences, aux_layer_ids)):
-            rows.append(
-                {
-                    "id": sample["id"],
-                    "input_ids": input_ids,
-                    "loss_mask": torch.tensor(sample["loss_mask"], dtype=torch.bool),
-                    "aux_hidden_states": aux.to(DTYPES[dtype]).cpu(),
-                    "final_hidden_states": final.to(DTYPES[dtype]).cpu(),
-                }
-            )
+        states = capture_batch(model, sequences, aux_layer_ids)
+        for index, sample, input_ids, (aux, final) in zip(order[done:], batch, sequences, states):
+            rows[index] = {
+                "id": sample["id"],
+                "input_ids": input_ids,
+                "loss_mask": torch.tensor(sample["loss_mask"], dtype=torch.bool),
+                "aux_hidden_states": aux.to(DTYPES[dtype]).cpu(),
+                "final_hidden_states": final.to(DTYPES[dtype]).cpu(),
+            }
             tokens += len(input_ids)
+        done += len(batch)
         elapsed = max(time.monotonic() - start, 1e-9)
-        log.info("%s: %d/%d samples, %.0f tok/s, ETA %.0fs", shard_path, len(rows), len(samples), tokens / elapsed,
-                 (len(samples) - len(rows)) * elapsed / len(rows))
+        log.info("%s: %d/%d samples, %.0f tok/s, ETA %.0fs", shard_path, done, len(samples), tokens / elapsed,
+                 (len(samples) - done) * elapsed / done)
     write_shard(shard_path, rows, hidden_size=model.config.hidden_size, dtype=DTYPES[dtype])
     return {"num_samples": len(rows), "num_tokens": tokens}
