@@ -44,18 +44,14 @@ def timed(fn):
 
 
 def hf_columns(target, samples, out):
-    from eaglenest.states.hf import BATCH_TOKENS, batches, extract_with, load_target
+    from eaglenest.states.hf import BATCH_TOKENS, batches, extract_with, load_target, right_padded
 
     model = load_target(target, "float32", "cpu", trust_remote_code=False)
 
     @torch.no_grad()
     def bare():
         for batch in batches(sorted(samples, key=lambda s: len(s["input_ids"])), BATCH_TOKENS):  # as extract_with
-            longest = max(len(s["input_ids"]) for s in batch)
-            ids = torch.zeros(len(batch), longest, dtype=torch.int64)
-            mask = torch.zeros_like(ids)
-            for row, s in enumerate(batch):
-                ids[row, : len(s["input_ids"])], mask[row, : len(s["input_ids"])] = torch.tensor(s["input_ids"]), 1
+            ids, mask = right_padded([torch.tensor(s["input_ids"]) for s in batch])
             model.model(input_ids=ids, attention_mask=mask, use_cache=False)
 
     return {
@@ -81,7 +77,6 @@ def vllm_columns(target, samples, out):
     llm.generate(prompts[:4], params, use_tqdm=False)  # warm-up
     seconds = {"bare": timed(lambda: llm.generate(prompts, params, use_tqdm=False))}
     llm.llm_engine.engine_core.shutdown()
-    del llm
     for name, settings in (("batched", VLLM), ("one", {**VLLM, "max_num_seqs": 1})):
         with VllmStateExtractor(target, aux_layer_ids=None, dtype="float32", vllm=settings,
                                 trust_remote_code=False) as extractor:

@@ -74,16 +74,22 @@ def capture_states(model, input_ids, aux_layer_ids):
     return capture_batch(model, [input_ids], aux_layer_ids)[0]
 
 
+def right_padded(sequences):
+    """(input_ids [B, longest], attention_mask [B, longest]) of 1-D id tensors, padded on the right."""
+    input_ids = torch.zeros(len(sequences), max(len(ids) for ids in sequences), dtype=torch.int64)
+    mask = torch.zeros_like(input_ids)
+    for row, ids in enumerate(sequences):
+        input_ids[row, : len(ids)], mask[row, : len(ids)] = ids, 1
+    return input_ids, mask
+
+
 @torch.no_grad()
 def capture_batch(model, sequences, aux_layer_ids):
     """Run `sequences` (1-D id tensors) through `model` in one forward, right-padded with an
     attention mask (a causal model's real tokens never see the padding); return each one's
     (aux [T, 3H], final [T, H]), padding cut off."""
     lengths = [len(ids) for ids in sequences]
-    input_ids = torch.zeros(len(sequences), max(lengths), dtype=torch.int64)
-    mask = torch.zeros_like(input_ids)
-    for row, ids in enumerate(sequences):
-        input_ids[row, : len(ids)], mask[row, : len(ids)] = ids, 1
+    input_ids, mask = right_padded(sequences)
     layers = model.model.layers
     captured = {}
 
