@@ -1,5 +1,6 @@
 """Code fingerprints: what a rule's script reaches, and which edits make its artifacts stale."""
 
+import hashlib
 import json
 import shutil
 
@@ -60,6 +61,10 @@ def test_summary_cache_is_keyed_by_content_and_never_stale(tmp_path):
     edited = code_fingerprint(root, "scripts/hidden_states.py", cache)
     assert edited != uncached and edited == code_fingerprint(root, "scripts/hidden_states.py")
     assert len(json.loads(cache.read_text())) == len(stored) + 1
+    # a cache written by another version of the summariser is not read as this one's
+    foreign = tmp_path / "cache" / "foreign.json"
+    foreign.write_text(json.dumps({hashlib.sha256(module.read_bytes()).hexdigest(): ["0" * 64, []]}))
+    assert code_fingerprint(root, "scripts/hidden_states.py", foreign) == edited
     other = tmp_path / "cache" / "fresh.json"
     other.write_text('{"torn')
     assert code_fingerprint(root, "scripts/hidden_states.py", other) == edited

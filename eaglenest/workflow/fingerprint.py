@@ -10,8 +10,8 @@ leases, device choice, launching processes) are left out of every closure, with 
 import.
 
 Parsing every module slows every dry run (BENCHMARKS.md), so a module's summary is kept in a
-cache file keyed by the sha256 of its source: an entry can never be stale, and a lost write only
-costs a parse.
+cache file keyed by the sha256 of its source and of this file's: an entry can never be stale,
+and a lost write only costs a parse.
 """
 
 import ast
@@ -31,6 +31,9 @@ PLUMBING = frozenset(map(Path, (
     "eaglenest/train/launch.py",        # torchrun processes and nodes
 )))
 LOG_CALLS = frozenset(("debug", "info", "warning", "error", "exception", "critical"))
+# Cache keys hold this file's own source too: a summary made by another version of summarize
+# (e.g. before log calls were dropped) is never taken for one of this version.
+_SUMMARIZER = Path(__file__).read_bytes()
 
 
 def _is_log_call(node):
@@ -102,7 +105,7 @@ def _module_files(root, name):
 
 def _closure(root, script, summaries):
     """{path relative to `root`: summary} of `script` and every eaglenest module it reaches; new
-    summaries are added to `summaries`, keyed by the sha256 of the source."""
+    summaries are added to `summaries`, keyed by the sha256 of the summariser and the source."""
     root = Path(root)
     todo, found = [Path(script)], {}
     while todo:
@@ -110,7 +113,7 @@ def _closure(root, script, summaries):
         if path in found or path in PLUMBING:
             continue
         source = (root / path).read_bytes()
-        key = hashlib.sha256(source).hexdigest()
+        key = hashlib.sha256(_SUMMARIZER + source).hexdigest()
         if key not in summaries:
             summaries[key] = summarize(source)
         found[path] = summaries[key]
