@@ -34,6 +34,8 @@ rule all:
         rules.export_eagle.output,
         rules.check_drafter.output,
         rules.evaluate_offline.output,
+        rules.vllm_runs.output,
+        rules.agreement_states.output,
         rules.evaluate_vllm.output,
         rules.summary.output,
     default_target: True

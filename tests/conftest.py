@@ -1,5 +1,6 @@
 """Shared fixtures: a real demo target, and real Snakemake runs of a copy of this workflow."""
 
+import os
 import re
 import shutil
 import subprocess
@@ -92,6 +93,18 @@ def built(tmp_path_factory):
     workdir = new_workdir(tmp_path_factory.mktemp("built"))
     snakemake(workdir)
     return workdir
+
+
+def processes_in(workdir):
+    """Command lines of the live processes running in `workdir` (an engine service and vLLM's processes included)."""
+    found = []
+    for proc in Path("/proc").iterdir():
+        try:
+            if proc.name.isdigit() and os.readlink(proc / "cwd") == str(workdir):
+                found.append((proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace"))
+        except OSError:
+            continue
+    return found
 
 
 def planned(workdir, *args):

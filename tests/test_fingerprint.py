@@ -31,18 +31,18 @@ def test_closure_follows_eaglenest_imports_only():
         "scripts/tokenize.py",
     ]  # not stage.py nor gpu_lease.py: how a stage runs, not what it computes
     # generation renders prompts like tokenize but never reads response records
-    assert "eaglenest/data/records.py" not in [str(p) for p in module_closure(REPO, "scripts/generate_responses.py")]
+    assert "eaglenest/data/records.py" not in [str(p) for p in module_closure(REPO, "scripts/generate_part.py")]
     assert "eaglenest/data/tokenize.py" not in [str(p) for p in module_closure(REPO, "scripts/build_demo_target.py")]
 
 
 def test_comments_whitespace_and_docstrings_do_not_count_but_code_does(tmp_path):
     root = copy_repo(tmp_path)
-    module = root / "eaglenest" / "states" / "parts.py"
+    module = root / "eaglenest" / "workflow" / "parts.py"  # hidden_states.py reaches it through states/parts.py
     before = code_fingerprint(root, "scripts/hidden_states.py")
     source = module.read_text()
-    module.write_text(source.replace('"""Shard index', '"""Shard  index (typo fixed)').replace("\n\n\ndef ", "\n\n\n# note\n\ndef ") + "\n\n")
+    module.write_text(source.replace('"""Part index', '"""Part  index (typo fixed)').replace("\n\n\ndef ", "\n\n\n# note\n\ndef ") + "\n\n")
     assert code_fingerprint(root, "scripts/hidden_states.py") == before
-    module.write_text(source.replace("% num_shards", "% (num_shards + 1)"))
+    module.write_text(source.replace("% num_parts", "% (num_parts + 1)"))
     assert code_fingerprint(root, "scripts/hidden_states.py") != before
     assert code_fingerprint(root, "scripts/vocab_map.py") == code_fingerprint(REPO, "scripts/vocab_map.py")
 
@@ -56,8 +56,8 @@ def test_summary_cache_is_keyed_by_content_and_never_stale(tmp_path):
     assert code_fingerprint(root, "scripts/hidden_states.py", cache) == uncached
     stored = json.loads(cache.read_text())
     assert len(stored) == len(module_closure(root, "scripts/hidden_states.py"))
-    module = root / "eaglenest" / "states" / "parts.py"
-    module.write_text(module.read_text().replace("% num_shards", "% (num_shards + 1)"))
+    module = root / "eaglenest" / "workflow" / "parts.py"
+    module.write_text(module.read_text().replace("% num_parts", "% (num_parts + 1)"))
     edited = code_fingerprint(root, "scripts/hidden_states.py", cache)
     assert edited != uncached and edited == code_fingerprint(root, "scripts/hidden_states.py")
     assert len(json.loads(cache.read_text())) == len(stored) + 1

@@ -14,6 +14,10 @@ import logging
 import math
 import os
 import re
+import signal
+import subprocess
+import sys
+import time
 
 import pytest
 import torch
@@ -21,6 +25,7 @@ from safetensors import safe_open
 
 from eaglenest.states.hf import extract_shard, load_target
 from eaglenest.states.vllm_extract import extract_shard_vllm, stitch
+from eaglenest.states.parts import read_part
 from eaglenest.states.shards import read_shard
 from eaglenest.data.target import target_config
 from tiny_deepseek import build_tiny_deepseek
@@ -227,20 +232,94 @@ def test_stitch_maps_rows_to_samples_or_fails():
         stitch(steps_of([[(0, [5, 6], 0), (1, [1, 2], 0)], [(0, [8, 9], 3)]]), samples)
 
 
-def test_the_workflow_extracts_shards_with_the_vllm_backend(workdir):
-    """`hidden_states.backend: vllm` through Snakemake: every shard is planned again, and the one
-    re-extracted holds the HF backend's states within tolerance."""
-    from conftest import edit_config, planned, snakemake
+MANIFEST = "results/hidden_states/manifest.json"
+ENGINE_LOG = "results/logs/hidden_states/engine.log"
+SIX_SHARDS = {"hidden_states": {"backend": "vllm", "num_shards": 6}}
 
-    shard = "results/hidden_states/shard_00000.safetensors"
-    hf = read_shard(workdir / shard)
-    edit_config(workdir, {"hidden_states": {"backend": "vllm"}})
-    assert planned(workdir, "results/hidden_states/manifest.json") == {"hidden_states": 3, "hidden_states_manifest": 1}
-    snakemake(workdir, shard)
-    assert "vllm backend" in (workdir / "results/logs/hidden_states/shard_00000.log").read_text()
-    served = read_shard(workdir / shard)
-    assert [s["id"] for s in served] == [s["id"] for s in hf] and served
-    for a, b in zip(served, hf):
-        assert torch.equal(a["input_ids"], b["input_ids"]) and torch.equal(a["loss_mask"], b["loss_mask"])
-        torch.testing.assert_close(a["aux_hidden_states"], b["aux_hidden_states"], **TOLERANCE)
-        torch.testing.assert_close(a["final_hidden_states"], b["final_hidden_states"], **TOLERANCE)
+
+def served_shards(workdir):
+    """{shard file name: bytes} of the workflow's shards."""
+    return {p.name: p.read_bytes() for p in sorted((workdir / "results/hidden_states").glob("shard_*.safetensors"))}
+
+
+def test_one_engine_serves_every_shard_of_the_phase(workdir, tmp_path):
+    """Six shards with the vLLM backend through Snakemake: the target is loaded once, by the
+    first shard job, the others use that engine; the manifest stops it; each shard is byte for
+    byte what an engine of its own makes, and holds the HF backend's states within tolerance."""
+    from conftest import edit_config, processes_in, snakemake
+
+    hf = {s["id"]: s for shard in served_shards(workdir) for s in read_shard(workdir / "results/hidden_states" / shard)}
+    edit_config(workdir, SIX_SHARDS)
+    snakemake(workdir, MANIFEST)
+    engine_log = (workdir / ENGINE_LOG).read_text()
+    assert engine_log.count("target loaded in") == 1 and "hidden_states engine service stopped" in engine_log
+    shard_logs = [(workdir / f"results/logs/hidden_states/shard_{i:05d}.log").read_text() for i in range(6)]
+    assert sum("started the hidden_states engine service" in text for text in shard_logs) == 1
+    assert sum("using this run's hidden_states engine service" in text for text in shard_logs) == 5
+    assert all(re.search(r"\d+/\d+ samples, \d+ tok/s, ETA", text) for text in shard_logs)  # progress reaches each job's log
+    assert not processes_in(workdir)  # nothing left running
+
+    served = served_shards(workdir)
+    assert len(served) == 6
+    for name in served:
+        for sample in read_shard(workdir / "results/hidden_states" / name):
+            ref = hf[sample["id"]]
+            assert torch.equal(sample["input_ids"], ref["input_ids"]) and torch.equal(sample["loss_mask"], ref["loss_mask"])
+            torch.testing.assert_close(sample["aux_hidden_states"], ref["aux_hidden_states"], **TOLERANCE)
+            torch.testing.assert_close(sample["final_hidden_states"], ref["final_hidden_states"], **TOLERANCE)
+    # One engine per shard, as each job loaded its own before: the first shard the service served
+    # and the last (after five others went through the same engine) come out byte-identical.
+    order = re.findall(r"shard_(\d{5})\.safetensors: (\d+)/\2 samples", engine_log)
+    for shard in {order[0][0], order[-1][0]}:
+        part = read_part(workdir / f"results/data/shards/part_{shard}.jsonl")
+        alone = tmp_path / f"shard_{shard}.safetensors"
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setenv("VLLM_WORKER_MULTIPROC_METHOD", "spawn")
+            extract_shard_vllm(workdir / "results/target", part, alone, aux_layer_ids=None, dtype="float32",
+                               vllm={**VLLM, "gpu_memory_utilization": 0.2}, trust_remote_code=False)
+        assert alone.read_bytes() == served[f"shard_{shard}.safetensors"], shard
+
+
+def test_a_kill_mid_phase_keeps_finished_shards_and_takes_the_engine_down(workdir):
+    """kill -9 of the run while the service extracts: finished shards stay, the service and
+    vLLM's processes end with the run, and the next run extracts only the rest, loading once."""
+    from conftest import edit_config, planned, processes_in, snakemake
+
+    # 64 tokens per engine step: a shard takes many steps, so the kill lands inside one (speed only: same states)
+    edit_config(workdir, {**SIX_SHARDS, "vllm": {"max_num_batched_tokens": 64}})
+    snakemake(workdir, "results/data/shards")  # the split, so that the killed run is all extraction
+    for old in (workdir / "results/hidden_states").glob("shard_*.safetensors"):  # the 3 HF shards: all redone
+        old.unlink()
+    log = workdir / "killed_run.log"
+    with open(log, "w") as out:  # one job at a time; its own session, so that the kill takes the jobs too
+        run = subprocess.Popen([sys.executable, "-m", "snakemake", MANIFEST, "--cores", "1"], cwd=workdir,
+                               stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+    engine_log = workdir / ENGINE_LOG
+
+    def mid_shard():
+        """Two shards done and a third one's job served (it connected after the one that started the service)."""
+        done = re.findall(r"(\d+)/\1 samples", engine_log.read_text())
+        connected = [p for p in workdir.glob("results/logs/hidden_states/shard_*.log")
+                     if "using this run's hidden_states engine service" in p.read_text()]
+        return len(done) == 2 and len(connected) == 2
+
+    deadline = time.monotonic() + 300
+    while not engine_log.exists() or not mid_shard():
+        assert run.poll() is None and time.monotonic() < deadline, log.read_text()
+        time.sleep(0.02)
+    os.killpg(run.pid, signal.SIGKILL)
+    run.wait()
+    deadline = time.monotonic() + 30
+    while processes_in(workdir) and time.monotonic() < deadline:  # the service sees its run gone
+        time.sleep(0.2)
+    assert not processes_in(workdir)
+    finished = served_shards(workdir)  # a shard appears when its job completes, never after the kill
+    assert 2 <= len(finished) < 6, sorted(finished)
+
+    snakemake(workdir, "--unlock")
+    assert planned(workdir, MANIFEST) == {"hidden_states": 6 - len(finished), "hidden_states_manifest": 1}
+    snakemake(workdir, MANIFEST)
+    assert engine_log.read_text().count("target loaded in") == 2  # one per run
+    after = served_shards(workdir)
+    assert len(after) == 6 and all(after[name] == data for name, data in finished.items())
+    assert not [p.name for p in (workdir / "results/hidden_states").iterdir() if p.name.startswith(".")]  # temporaries gone

@@ -20,7 +20,8 @@ from eaglenest.states.parts import shard_of
 MANIFEST = "results/hidden_states/manifest.json"
 RAW = "results/responses/raw_responses.jsonl"
 NUM_SHARDS = 3  # conftest.FAST
-DOWNSTREAM_OF_TRAINING = {"train_drafter", "export_eagle", "check_drafter", "evaluate_offline", "evaluate_vllm", "summary", "all"}
+DOWNSTREAM_OF_TRAINING = {"train_drafter", "export_eagle", "check_drafter", "evaluate_offline", "vllm_runs", "agreement_states",
+                          "evaluate_vllm", "summary", "all"}
 
 
 def shard_files(workdir):
@@ -91,14 +92,15 @@ def test_editing_one_sample_reextracts_only_its_shard_and_dry_run_names_it(workd
         ({"train": {"lr": 0.002}}, DOWNSTREAM_OF_TRAINING, 0),
         ({"train": {"epochs": 3, "batch_size": 4}}, DOWNSTREAM_OF_TRAINING, 0),
         ({"vocab": {"draft_vocab_size": 96}}, {"vocab_map"} | DOWNSTREAM_OF_TRAINING, 0),
-        ({"eval": {"max_prompts": 40}}, {"evaluate_vllm", "summary", "all"}, 0),
+        ({"eval": {"max_prompts": 40}}, {"vllm_runs", "agreement_states", "evaluate_vllm", "summary", "all"}, 0),
+        ({"eval": {"agreement_tolerance": 0.1}}, {"evaluate_vllm", "summary", "all"}, 0),  # the check alone, no vLLM run
     ],
 )
 def test_config_changes_plan_exactly_their_stages(workdir, update, reruns, shards):
     edit_config(workdir, update)
     plan = planned(workdir)
     if reruns == "everything":
-        assert set(plan) == set(planned(workdir, "-F"))
+        assert set(plan) == set(planned(workdir, "-F")) - {"split_prompts"}  # the prompts are as they were
     else:
         assert set(plan) == reruns
     assert plan.get("hidden_states", 0) == shards
@@ -123,7 +125,7 @@ def test_settings_of_speed_or_placement_plan_nothing(workdir, update):
 
 def test_engine_settings_that_define_artifacts_still_rebuild(workdir):
     edit_config(workdir, {"vllm": {"kv_cache_dtype": "fp8"}})  # the states of a quantised KV cache
-    assert {"generate_responses", "tokenize", "evaluate_vllm"} <= set(planned(workdir))
+    assert {"generate_part", "generate_responses", "tokenize", "vllm_runs", "agreement_states", "evaluate_vllm"} <= set(planned(workdir))
 
 
 def test_max_seq_len_reextracts_every_shard_whose_samples_it_cuts(workdir):

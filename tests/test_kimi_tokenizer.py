@@ -8,7 +8,7 @@ import json
 import pytest
 from transformers import AutoTokenizer
 
-from eaglenest.data.generate import generate_responses
+from eaglenest.data.generate import generate_part
 from eaglenest.data.records import Record
 from eaglenest.data.tokenize import tokenize_file, tokenize_record
 from eaglenest.data.tokenizer import Tokenizer
@@ -134,6 +134,6 @@ def test_a_tokenizer_without_a_plain_text_route_is_refused(tmp_path):
         tokenize_file(raw, sealed, tmp_path / "tok.jsonl", tmp_path / "report.json", max_seq_len=512,
                       overlong="error", **settings)
     with pytest.raises(InputError, match=refusal):  # before vLLM starts
-        generate_responses(prompts, sealed, tmp_path / "responses.jsonl", max_tokens=8, temperature=0.0, seed=0,
-                           vllm={"max_model_len": 512}, **settings)
+        generate_part(prompts, sealed, tmp_path / "responses.jsonl", max_tokens=8, temperature=0.0, seed=0,
+                      vllm={"max_model_len": 512}, **settings)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["prompts.jsonl", "raw.jsonl", "sealed"]

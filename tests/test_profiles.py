@@ -15,7 +15,9 @@ import yaml
 from conftest import REPO
 from eaglenest.train.launch import torchrun_command
 
-GPU_RULES = {"generate_responses", "hidden_states", "train_drafter", "evaluate_vllm", "evaluate_offline"}
+GPU_RULES = {"generate_part", "hidden_states", "train_drafter", "vllm_runs", "agreement_states", "evaluate_vllm",
+             "evaluate_offline"}
+DRAFTER_ONLY = {"evaluate_offline", "evaluate_vllm"}  # one GPU, a drafter's memory: no target
 CPU_STAGES = {"tokenize", "token_freq", "vocab_map"}  # run beside GPU jobs: they hold no GPU
 TP, TRAIN_GPUS = 8, 8
 GPU_CONFIG = {  # the 8-GPU container's kind of target: tensor parallelism 8, DDP on 8 GPUs
@@ -23,8 +25,8 @@ GPU_CONFIG = {  # the 8-GPU container's kind of target: tensor parallelism 8, DD
     "hidden_states": {"device": "cuda", "backend": "vllm"},
     "train": {"device": "cuda", "num_processes": TRAIN_GPUS},
 }
-EXPECTED_GPUS = {"generate_responses": TP, "hidden_states": TP, "train_drafter": TRAIN_GPUS, "evaluate_vllm": TP,
-                 "evaluate_offline": 1}
+EXPECTED_GPUS = {"generate_part": TP, "hidden_states": TP, "train_drafter": TRAIN_GPUS, "vllm_runs": TP,
+                 "agreement_states": TP, "evaluate_vllm": 1, "evaluate_offline": 1}
 
 
 # The cluster executors live in .venv-cluster (`make setup-cluster`), layered over this venv.
@@ -132,7 +134,7 @@ def test_slurm_sends_gpu_jobs_to_gpu_nodes_and_cpu_stages_elsewhere(gpu_config):
         if rule in GPU_RULES:
             assert resources["slurm_partition"] == "gpu" and resources["gpu_model"] == "rtx_pro_6000", rule
             assert int(resources["cpus_per_gpu"]) > 0 and int(resources["runtime"]) > 0, rule
-            assert int(resources["mem_mb"]) >= (64000 if rule == "evaluate_offline" else 256000), rule  # a drafter, not the target
+            assert int(resources["mem_mb"]) >= (64000 if rule in DRAFTER_ONLY else 256000), rule  # a drafter, not the target
         else:
             assert resources["slurm_partition"] == "cpu" and "gpu_model" not in resources, rule
             assert int(resources["runtime"]) > 0 and int(resources["mem_mb"]) > 0, rule

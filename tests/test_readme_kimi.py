@@ -57,8 +57,10 @@ def test_the_example_dry_runs_with_the_blackwell_profile(kimi_run):
     assert result.returncode == 0, output
     counts = dict(re.findall(r"^(\w+)\s+(\d+)$", output.split("Job stats:", 1)[1], re.M))
     assert "build_demo_target" not in counts
-    assert counts["generate_responses"] == "1" and counts["hidden_states"] == "256" and counts["train_drafter"] == "1"
+    assert counts["generate_part"] == "16" and counts["generate_responses"] == "1"  # generate.num_parts
+    assert counts["hidden_states"] == "256" and counts["train_drafter"] == "1"
     jobs = re.findall(r"^(?:local)?(?:rule|checkpoint) (\w+):\n((?:[ \t]+.*\n?)*)", output, re.M)
     gpus = {rule: re.search(r"\bgpu=(\d+)", body)[1] for rule, body in jobs if re.search(r"\bgpu=(\d+)", body)}
-    assert gpus["generate_responses"] == gpus["hidden_states"] == gpus["evaluate_vllm"] == str(TP)
+    assert gpus["generate_part"] == gpus["hidden_states"] == gpus["vllm_runs"] == str(TP)
+    assert gpus["agreement_states"] == str(TP) and gpus["evaluate_vllm"] == "1"  # the target's states, then the drafter alone
     assert gpus["train_drafter"] == str(TP)

@@ -82,11 +82,13 @@ def test_a_killed_writers_leftover_is_removed_by_the_next_write(tmp_path):
     target = tmp_path / "shard_00001.safetensors"
     leftover = tmp_path / ".shard_00001.safetensors.abc123.tmp"  # as a SIGKILLed atomic_path leaves it
     leftover.write_bytes(b"half")
+    nested = tmp_path / "..shard_00001.safetensors.abc123.tmp.def456.tmp"  # a writer's through that temporary
+    nested.write_bytes(b"half")
     other = tmp_path / ".shard_00002.safetensors.abc123.tmp"  # another output's: not ours to touch
     other.write_bytes(b"half")
     with atomic_path(target) as tmp:
         tmp.write_bytes(b"whole")
-    assert target.read_bytes() == b"whole" and not leftover.exists() and other.exists()
+    assert target.read_bytes() == b"whole" and not leftover.exists() and not nested.exists() and other.exists()
     assert oct(target.stat().st_mode & 0o777) == oct(0o666 & ~current_umask())
 
 

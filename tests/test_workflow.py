@@ -11,9 +11,10 @@ from conftest import FAST_PROMPTS, REPO, edit_config, mtimes, new_workdir, plann
 
 ALL_RULES = {  # tokenize and everything downstream of it
     "tokenize", "token_freq", "vocab_map", "shard_samples", "hidden_states", "hidden_states_manifest",
-    "train_drafter", "export_eagle", "check_drafter", "evaluate_offline", "evaluate_vllm", "summary", "all",
+    "train_drafter", "export_eagle", "check_drafter", "evaluate_offline", "vllm_runs", "agreement_states", "evaluate_vllm",
+    "summary", "all",
 }
-UPSTREAM = {"build_demo_target", "generate_responses"}
+UPSTREAM = {"build_demo_target", "split_prompts", "generate_part", "generate_responses"}
 
 
 def test_story1_one_run_builds_every_artifact_then_nothing_is_stale(built, tmp_path):
@@ -25,7 +26,8 @@ def test_story1_one_run_builds_every_artifact_then_nothing_is_stale(built, tmp_p
         "hidden_states/shard_00000.safetensors", "hidden_states/shard_00002.safetensors",
         "drafter/config.json", "drafter/model.safetensors", "train/train_log.tsv", "train/drafter_config.json",
         "eval/offline_metrics.json", "eval/drafter_check.json", "eval/vllm_metrics.json",
-        "eval/vllm_greedy_outputs.jsonl", "drafter_eagle/config.json", "drafter_eagle/model.safetensors",
+        "eval/vllm_greedy_outputs.jsonl", "eval/vllm_runs.json", "eval/agreement_states/layers.json",
+        "eval/agreement_states/states_00000.safetensors", "drafter_eagle/config.json", "drafter_eagle/model.safetensors",
         "summary.md",
     ]:
         assert (results / path).is_file(), path
@@ -35,7 +37,7 @@ def test_story1_one_run_builds_every_artifact_then_nothing_is_stale(built, tmp_p
     coverage = json.loads((results / "vocab/coverage.json").read_text())
     assert coverage["coverage"] == coverage["covered_tokens"] / coverage["generated_tokens"] > 0
     for rule in ALL_RULES | UPSTREAM:
-        if rule not in ("all", "hidden_states"):
+        if rule not in ("all", "hidden_states", "generate_part"):  # those two: a log per shard or part
             assert (results / "logs" / f"{rule}.log").is_file(), rule
     assert planned(built) == {}
 
@@ -71,7 +73,7 @@ def test_comment_and_whitespace_edits_rebuild_nothing(workdir, module):
 def test_story3_draft_vocab_size_reruns_vocab_training_and_evaluation_only(workdir):
     edit_config(workdir, {"vocab": {"draft_vocab_size": 96}})
     assert set(planned(workdir)) == {"vocab_map", "train_drafter", "export_eagle", "check_drafter", "evaluate_offline",
-                                     "evaluate_vllm", "summary", "all"}
+                                     "vllm_runs", "agreement_states", "evaluate_vllm", "summary", "all"}
     snakemake(workdir)
     coverage = json.loads((workdir / "results/vocab/coverage.json").read_text())
     assert coverage["draft_vocab_size"] == 96

@@ -1,8 +1,9 @@
-"""The drafter in real vLLM: acceptance and speed-up, and proof that vLLM runs the drafter we trained.
+"""The drafter in real vLLM: acceptance and speed-up (the vllm_runs stage).
 
 The target answers the held-out prompts greedily in vLLM, once alone and once with the drafter.
-Speculation must not change the text. vLLM's own counters give the online acceptance, which must
-agree with the offline evaluator's on the same continuations (eaglenest.evaluate.agreement).
+Speculation must not change the text. vLLM's own counters give the online acceptance, which the
+evaluate_vllm stage holds against the offline evaluator's on the same continuations
+(eaglenest.evaluate.agreement), from the target's states of them (eaglenest.evaluate.agreement_states).
 """
 
 import json
@@ -11,7 +12,6 @@ import logging
 from eaglenest.data.samples import is_heldout, read_tokenized
 from eaglenest.data.tokenizer import load_tokenizer, special_token_id
 from eaglenest.engine import generate, vllm_cpu
-from eaglenest.evaluate.agreement import verify_agreement
 from eaglenest.workflow.atomic import atomic_path, write_json
 from eaglenest.workflow.errors import InputError
 
@@ -58,15 +58,14 @@ def check_greedy_identity(divergence, *, exact, max_divergent_share):
                          f"first {first['id']!r} at generated token {first['generated_token']}")
 
 
-def evaluate_vllm(tokenized_path, target_dir, drafter_dir, trained_config_path, manifest_path, d2t_path, t2d_path,
-                  metrics_path, outputs_path, *, heldout_fraction, num_speculative_tokens, max_tokens,
-                  max_prompts, concurrency, agreement_tolerance, max_divergent_share, vllm, trust_remote_code,
-                  end_of_turn):
+def vllm_runs(tokenized_path, target_dir, drafter_dir, outputs_path, runs_path, *, heldout_fraction,
+              num_speculative_tokens, max_tokens, max_prompts, concurrency, max_divergent_share, vllm,
+              trust_remote_code, end_of_turn):
     """Run the target in vLLM without and with the drafter on the held-out prompts; write the
-    greedy continuations (JSONL) and vllm_metrics.json; fail when speculation changed the text
-    or when vLLM's acceptance disagrees with the offline evaluator on that text.
-    `concurrency` requests run at once: speculation pays off when decoding is latency-bound.
-    Continuations end at the `end_of_turn` token, as the target's turns do when it is served."""
+    greedy continuations (JSONL) and vllm_runs.json (vLLM's counters, speeds, divergence); fail
+    when speculation changed the text. `concurrency` requests run at once: speculation pays off
+    when decoding is latency-bound. Continuations end at the `end_of_turn` token, as the target's
+    turns do when it is served."""
     K = num_speculative_tokens
     ids, prompts = heldout_prompts(tokenized_path, heldout_fraction, max_prompts)
     log.info("%d held-out prompts, %d tokens each at most, K=%d", len(prompts), max_tokens, K)
@@ -86,18 +85,14 @@ def evaluate_vllm(tokenized_path, target_dir, drafter_dir, trained_config_path, 
              100 * divergence["divergent_share"], divergence["first_divergence"],
              "bit-exact engine" if exact else f"at most {max_divergent_share:.1%} allowed")
     check_greedy_identity(divergence, exact=exact, max_divergent_share=max_divergent_share)
-    online, offline, gap = verify_agreement(
-        target_dir, drafter_dir, trained_config_path, manifest_path, d2t_path, t2d_path, prompts,
-        plain["token_ids"], spec["counters"], num_speculative_tokens=K, agreement_tolerance=agreement_tolerance,
-        trust_remote_code=trust_remote_code)
-    metrics = {
+    runs = {
         "vllm_version": plain["vllm_version"],
         "num_speculative_tokens": K,
         "prompts": len(prompts),
         "max_tokens": max_tokens,
         "concurrency": concurrency,
         "generated_tokens": plain["generated_tokens"],
-        **online,
+        "counters": spec["counters"],  # vLLM's spec-decode counters (eaglenest.engine.SPEC_COUNTERS)
         "tokens_per_s_without_speculation": plain["tokens_per_s"],
         "tokens_per_s_with_speculation": spec["tokens_per_s"],
         "speedup": spec["tokens_per_s"] / plain["tokens_per_s"],
@@ -105,10 +100,8 @@ def evaluate_vllm(tokenized_path, target_dir, drafter_dir, trained_config_path, 
         **divergence,
         "greedy_identity_exact": exact,
         "max_divergent_share": max_divergent_share,
-        "offline_on_vllm_text": offline,
-        "max_disagreement": gap,
-        "agreement_tolerance": agreement_tolerance,
     }
-    log.info("vLLM metrics: %s", json.dumps(metrics))
-    write_json(metrics_path, metrics)
-    return metrics
+    log.info("vLLM runs: %s", json.dumps(runs))
+    write_json(runs_path, runs)
+    return runs
+

@@ -20,11 +20,13 @@ def default_aux_layer_ids(num_layers):
     return [2, num_layers // 2, num_layers - 3]
 
 
-def resolve_aux_layer_ids(aux_layer_ids, num_layers):
-    """The configured ids, or vLLM's default when None; checked: 3 distinct ids in [0, num_layers)."""
+def resolve_aux_layer_ids(aux_layer_ids, num_layers, count=3):
+    """The configured ids, or vLLM's default when None; checked: `count` distinct ids in [0, num_layers).
+    count None: an explicit list of layers to capture, any number (the agreement check's
+    candidates, eaglenest.evaluate.agreement_states), stored concatenated in its order."""
     ids = default_aux_layer_ids(num_layers) if aux_layer_ids is None else list(aux_layer_ids)
-    if len(ids) != 3 or len(set(ids)) != 3 or not all(0 <= k < num_layers for k in ids):
-        raise InputError(
-            f"config hidden_states.aux_layer_ids: must be 3 distinct layer ids in [0, {num_layers}), got {ids}"
-        )
+    wanted = len(ids) if count is None else count
+    if not ids or len(ids) != wanted or len(set(ids)) != wanted or not all(0 <= k < num_layers for k in ids):
+        what = f"config hidden_states.aux_layer_ids: must be {count}" if count else "layers to capture: must be"
+        raise InputError(f"{what} distinct layer ids in [0, {num_layers}), got {ids}")
     return ids

@@ -4,23 +4,33 @@ import logging
 
 from eaglenest.states.hf import extract_shard
 from eaglenest.states.parts import read_part
-from eaglenest.states.vllm_extract import extract_shard_vllm
+from eaglenest.states.vllm_extract import EXTRACTOR, write_empty_shard
+from eaglenest.workflow.atomic import atomic_path
+from eaglenest.workflow.engine_service import engine_service
 
 log = logging.getLogger(__name__)
 
 
 def extract_shard_part(part_path, target_dir, shard_path, *, backend, aux_layer_ids, dtype, device, batch_tokens, vllm,
-                       trust_remote_code):
+                       trust_remote_code, engine_log):
     """The samples of `part_path`, extracted into `shard_path`.
 
-    backend "hf": transformers on `device`, `batch_tokens` padded tokens per forward; "vllm": the target in vLLM with the `vllm` settings
-    (tensor parallelism for targets one GPU cannot hold), see eaglenest.states.vllm_extract.
+    backend "hf": transformers on `device`, `batch_tokens` padded tokens per forward; "vllm": the
+    target in vLLM with the `vllm` settings (tensor parallelism for targets one GPU cannot hold),
+    see eaglenest.states.vllm_extract, in this run's hidden_states engine service (one target
+    load for all shards, its log in `engine_log`; eaglenest.workflow.engine_service).
     trust_remote_code (config target.trust_remote_code): whether the target's own code may run.
     """
     samples = read_part(part_path)
     log.info("%s: %d samples, %s backend", part_path, len(samples), backend)
     if backend == "vllm":
-        return extract_shard_vllm(target_dir, samples, shard_path, aux_layer_ids=aux_layer_ids, dtype=dtype, vllm=vllm,
-                                  trust_remote_code=trust_remote_code)
+        if not samples:  # an empty shard needs no engine
+            return write_empty_shard(target_dir, shard_path, aux_layer_ids=aux_layer_ids, dtype=dtype)
+        settings = {"target_dir": str(target_dir), "aux_layer_ids": aux_layer_ids, "dtype": dtype, "vllm": vllm,
+                    "trust_remote_code": trust_remote_code}
+        # The service writes a temporary that this job renames: the shard appears only when its job completes.
+        with atomic_path(shard_path) as staging, engine_service("hidden_states", EXTRACTOR, settings,
+                                                                log_path=engine_log) as call:
+            return call("extract_shard", samples, str(staging), str(shard_path))
     return extract_shard(target_dir, samples, shard_path, aux_layer_ids=aux_layer_ids, dtype=dtype, device=device,
                          trust_remote_code=trust_remote_code, batch_tokens=batch_tokens)

@@ -136,12 +136,12 @@ def extract_shard(target_dir, samples, shard_path, *, aux_layer_ids, dtype, devi
                         batch_tokens=batch_tokens)
 
 
-def extract_with(model, samples, shard_path, *, aux_layer_ids, dtype, batch_tokens=BATCH_TOKENS):
+def extract_with(model, samples, shard_path, *, aux_layer_ids, dtype, batch_tokens=BATCH_TOKENS, layer_count=3):
     """extract_shard with the target already loaded (for many shards in one process). Samples
     go through in padded batches of at most `batch_tokens`, formed in order of length so that
     little is padding, and are written in their own order (speed only: the states equal
-    one-at-a-time extraction within float rounding)."""
-    aux_layer_ids = resolve_aux_layer_ids(aux_layer_ids, model.config.num_hidden_layers)
+    one-at-a-time extraction within float rounding). layer_count: see resolve_aux_layer_ids."""
+    aux_layer_ids = resolve_aux_layer_ids(aux_layer_ids, model.config.num_hidden_layers, layer_count)
     order = sorted(range(len(samples)), key=lambda i: len(samples[i]["input_ids"]))
     rows, done = [None] * len(samples), 0
     start, tokens = time.monotonic(), 0
@@ -161,5 +161,6 @@ def extract_with(model, samples, shard_path, *, aux_layer_ids, dtype, batch_toke
         elapsed = max(time.monotonic() - start, 1e-9)
         log.info("%s: %d/%d samples, %.0f tok/s, ETA %.0fs", shard_path, done, len(samples), tokens / elapsed,
                  (len(samples) - done) * elapsed / done)
-    write_shard(shard_path, rows, hidden_size=model.config.hidden_size, dtype=DTYPES[dtype])
+    write_shard(shard_path, rows, hidden_size=model.config.hidden_size, dtype=DTYPES[dtype],
+                aux_layers=len(aux_layer_ids))
     return {"num_samples": len(rows), "num_tokens": tokens}

@@ -9,6 +9,7 @@ from eaglenest.data.target import target_config
 from eaglenest.states.convention import FINAL_STATE_CONVENTION, resolve_aux_layer_ids
 from eaglenest.states.shards import check_shard
 from eaglenest.workflow.atomic import write_json
+from eaglenest.workflow.engine_service import stop_services
 
 
 def write_manifest(shard_paths, target_dir, manifest_path, *, aux_layer_ids, dtype):
@@ -17,6 +18,7 @@ def write_manifest(shard_paths, target_dir, manifest_path, *, aux_layer_ids, dty
     Each shard is first held against the sha256 written into it when it was extracted, so a shard
     changed on disk since is removed (and re-extracted by the next run), never recorded as good.
     """
+    stop_services("hidden_states")  # every shard is done: the engine frees its GPUs before training takes them
     config = target_config(target_dir)
     shards = []
     for path in shard_paths:

@@ -31,10 +31,11 @@ TENSOR_KEYS = ("input_ids", "loss_mask", "aux_hidden_states", "final_hidden_stat
 DIGEST_KEY = "content_sha256"
 
 
-def write_shard(path, samples, *, hidden_size, dtype):
+def write_shard(path, samples, *, hidden_size, dtype, aux_layers=3):
     """Pack `samples` (dicts with "id" and TENSOR_KEYS) into one shard file, atomically.
 
-    hidden_size and dtype give the tensor shapes of an empty shard (a shard no sample hashed to).
+    hidden_size and dtype give the tensor shapes of an empty shard (a shard no sample hashed to);
+    aux_layers: how many layers' states aux_hidden_states concatenates (3 for a drafter's).
     """
     lengths = [len(s["input_ids"]) for s in samples]
     offsets = torch.zeros(len(samples) + 1, dtype=torch.int64)
@@ -42,7 +43,7 @@ def write_shard(path, samples, *, hidden_size, dtype):
     empty = {
         "input_ids": torch.zeros(0, dtype=torch.int64),
         "loss_mask": torch.zeros(0, dtype=torch.bool),
-        "aux_hidden_states": torch.zeros(0, 3 * hidden_size, dtype=dtype),
+        "aux_hidden_states": torch.zeros(0, aux_layers * hidden_size, dtype=dtype),
         "final_hidden_states": torch.zeros(0, hidden_size, dtype=dtype),
     }
     tensors = {key: torch.cat([empty[key]] + [s[key].to(empty[key].dtype) for s in samples]) for key in TENSOR_KEYS}

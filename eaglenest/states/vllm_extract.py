@@ -41,7 +41,7 @@ import time
 import torch
 
 from eaglenest.data.target import target_config
-from eaglenest.engine import engine_args, start_engine, vllm_cpu, worker_environment
+from eaglenest.engine import EngineHolder, engine_args, start_engine, vllm_cpu, worker_environment
 from eaglenest.states.convention import DTYPES, resolve_aux_layer_ids
 from eaglenest.states.shards import write_shard
 from eaglenest.states.vllm_worker import WORKER_EXTENSION, unpack
@@ -49,6 +49,7 @@ from eaglenest.workflow.errors import InputError
 
 log = logging.getLogger(__name__)
 
+EXTRACTOR = "eaglenest.states.vllm_extract:VllmStateExtractor"  # the engine of the hidden_states service
 GROUP_TOKENS = 8192  # tokens submitted to vLLM between two read-backs (bounds the worker's buffer)
 
 
@@ -117,7 +118,7 @@ def stitch(steps, samples):
     return [stitch_sample(chunks[ordinal], sample) for ordinal, sample in zip(ordinals, samples)]
 
 
-def _groups(samples, max_tokens):
+def token_groups(samples, max_tokens):
     """Consecutive runs of samples of at most max_tokens tokens (a longer sample alone)."""
     group, tokens = [], 0
     for sample in samples:
@@ -131,7 +132,7 @@ def _groups(samples, max_tokens):
         yield group
 
 
-class VllmStateExtractor:
+class VllmStateExtractor(EngineHolder):
     """One vLLM engine on the target with the capture hooks; extract_shard() as often as needed.
 
     `vllm`: the config's vllm section {dtype, tensor_parallel_size, gpu_memory_utilization,
@@ -140,10 +141,11 @@ class VllmStateExtractor:
     vllm.dtype; states are stored in `dtype`. trust_remote_code: config target.trust_remote_code.
     """
 
-    def __init__(self, target_dir, *, aux_layer_ids, dtype, vllm, trust_remote_code, group_tokens=GROUP_TOKENS):
+    def __init__(self, target_dir, *, aux_layer_ids, dtype, vllm, trust_remote_code, group_tokens=GROUP_TOKENS,
+                 layer_count=3):
         config = target_config(target_dir)
         self.hidden_size = config["hidden_size"]
-        self.aux_layer_ids = resolve_aux_layer_ids(aux_layer_ids, config["num_hidden_layers"])
+        self.aux_layer_ids = resolve_aux_layer_ids(aux_layer_ids, config["num_hidden_layers"], layer_count)
         self.dtype = dtype
         self.max_model_len = vllm["max_model_len"]
         self.group_tokens = group_tokens
@@ -167,8 +169,9 @@ class VllmStateExtractor:
         log.info("vLLM engine up in %.0fs (TP %d, model dtype %s); aux layers %s",
                  time.monotonic() - start, vllm["tensor_parallel_size"], info["dtype"], self.aux_layer_ids)
 
-    def extract_shard(self, samples, shard_path):
-        """Hidden states of `samples` ({"id", "input_ids", "loss_mask"}) into one shard file."""
+    def extract_shard(self, samples, shard_path, label=None):
+        """Hidden states of `samples` ({"id", "input_ids", "loss_mask"}) into one shard file;
+        `label`: the shard's name in the log (default: the path written)."""
         from vllm import SamplingParams
 
         for sample in samples:
@@ -180,7 +183,7 @@ class VllmStateExtractor:
         rows, done, tokens, num_steps, unchecked, widest = [], 0, 0, 0, 0, 0
         total = sum(len(s["input_ids"]) for s in samples)
         start = time.monotonic()
-        for group in _groups(samples, self.group_tokens):
+        for group in token_groups(samples, self.group_tokens):
             self.llm.collective_rpc("eaglenest_take_states")  # nothing left from before
             self.llm.generate([{"prompt_token_ids": list(s["input_ids"])} for s in group], params,
                               use_tqdm=False)
@@ -201,21 +204,18 @@ class VllmStateExtractor:
             tokens += sum(len(s["input_ids"]) for s in group)
             elapsed = max(time.monotonic() - start, 1e-9)
             log.info("%s: %d/%d samples, %.0f tok/s, ETA %.0fs (%d forward steps of up to %d sequences, "
-                     "%d without token ids to check)", shard_path, done, len(samples), tokens / elapsed,
+                     "%d without token ids to check)", label or shard_path, done, len(samples), tokens / elapsed,
                      (total - tokens) * elapsed / tokens, num_steps, widest, unchecked)
-        write_shard(shard_path, rows, hidden_size=self.hidden_size, dtype=dtype)
+        write_shard(shard_path, rows, hidden_size=self.hidden_size, dtype=dtype, aux_layers=len(self.aux_layer_ids))
         return {"num_samples": len(rows), "num_tokens": tokens}
 
-    def close(self):
-        llm, self.llm = getattr(self, "llm", None), None
-        if llm is not None:
-            llm.llm_engine.engine_core.shutdown()
 
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
+def write_empty_shard(target_dir, shard_path, *, aux_layer_ids, dtype):
+    """The shard of no samples (its aux layer ids still checked against the target)."""
+    config = target_config(target_dir)
+    resolve_aux_layer_ids(aux_layer_ids, config["num_hidden_layers"])
+    write_shard(shard_path, [], hidden_size=config["hidden_size"], dtype=DTYPES[dtype])
+    return {"num_samples": 0, "num_tokens": 0}
 
 
 def extract_shard_vllm(target_dir, samples, shard_path, *, aux_layer_ids, dtype, vllm, trust_remote_code):
@@ -224,10 +224,7 @@ def extract_shard_vllm(target_dir, samples, shard_path, *, aux_layer_ids, dtype,
     Same shard as eaglenest.states.hf.extract_shard: same keys, dtypes and layer convention.
     """
     if not samples:  # an empty shard needs no engine
-        config = target_config(target_dir)
-        resolve_aux_layer_ids(aux_layer_ids, config["num_hidden_layers"])
-        write_shard(shard_path, [], hidden_size=config["hidden_size"], dtype=DTYPES[dtype])
-        return {"num_samples": 0, "num_tokens": 0}
+        return write_empty_shard(target_dir, shard_path, aux_layer_ids=aux_layer_ids, dtype=dtype)
     with VllmStateExtractor(target_dir, aux_layer_ids=aux_layer_ids, dtype=dtype, vllm=vllm,
                             trust_remote_code=trust_remote_code) as extractor:
         return extractor.extract_shard(samples, shard_path)

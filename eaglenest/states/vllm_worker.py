@@ -38,6 +38,19 @@ import torch
 WORKER_EXTENSION = "eaglenest.states.vllm_worker.HiddenStatesWorker"
 
 
+def _to_host(tensor, dtype=None):
+    """A host copy of `tensor` that does not stall the GPU: on CUDA, into pinned memory with a
+    non-blocking copy queued behind the step's kernels (take() waits for them once per read-back,
+    not once per layer); elsewhere a plain copy."""
+    tensor = tensor.detach()
+    if not tensor.is_cuda:
+        return tensor.to("cpu", dtype, copy=True)
+    if dtype is not None:
+        tensor = tensor.to(dtype)
+    host = torch.empty(tensor.shape, dtype=tensor.dtype, pin_memory=True)
+    return host.copy_(tensor, non_blocking=True)
+
+
 def _decoder(model):
     """The decoder stack (`.layers`, `.embed_tokens`) of a vLLM model; a multimodal wrapper's text model."""
     if hasattr(model, "get_language_model"):
@@ -62,6 +75,7 @@ class _Capture:
         self.num_layers = len(layers)
         self.aux_layer_ids = list(aux_layer_ids)
         self.steps = []
+        self.pending = False  # host copies queued on the GPU and not yet waited for
         self._step = None
         self._ids = None
         self._check_stream_scale(layers)
@@ -87,7 +101,7 @@ class _Capture:
 
     def _keep_ids(self, module, args, kwargs):
         ids = self._arg(args, kwargs, 0, "input_")
-        self._ids = ids.detach().to("cpu", torch.int64, copy=True) if isinstance(ids, torch.Tensor) else None
+        self._ids = _to_host(ids, torch.int64) if isinstance(ids, torch.Tensor) else None
 
     def _keep_input(self, k):
         def hook(module, args, kwargs):
@@ -99,9 +113,9 @@ class _Capture:
                                    "(a sequence-parallel split stream); not supported")
             stream = hidden if residual is None else hidden + residual
             if self._step is None:
-                self._step = {"positions": positions.detach().to("cpu", torch.int64, copy=True), "aux": {},
+                self._step = {"positions": _to_host(positions, torch.int64), "aux": {},
                               "spans": self._spans(hidden.shape[0])}
-            self._step["aux"][k] = stream.detach().to("cpu", copy=True)
+            self._step["aux"][k] = _to_host(stream)
 
         return hook
 
@@ -126,12 +140,19 @@ class _Capture:
             "spans": step["spans"],
             "positions": step["positions"],
             "input_ids": ids if ids is not None and ids.shape[0] == n else None,
-            "aux": torch.cat([step["aux"][k] for k in self.aux_layer_ids], dim=-1),
-            "final": stream.detach().to("cpu", copy=True),
+            "aux": [step["aux"][k] for k in self.aux_layer_ids],  # concatenated once the copies landed
+            "final": _to_host(stream),
         })
+        if stream.is_cuda:
+            self.pending = True
 
     def take(self):
+        if self.pending:  # the queued host copies must have landed before the rows are read
+            torch.cuda.synchronize()
+            self.pending = False
         steps, self.steps = self.steps, []
+        for step in steps:
+            step["aux"] = torch.cat(step["aux"], dim=-1)
         return [{key: pack(value) for key, value in step.items()} for step in steps]
 
     def remove(self):

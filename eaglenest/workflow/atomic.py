@@ -18,9 +18,12 @@ def _umask():
 def _remove_leftovers(path):
     """Remove temporaries of `path` left by a writer that was killed (SIGKILL skips `finally`).
 
-    Snakemake runs one job per output at a time, so no live writer owns them.
+    Snakemake runs one job per output at a time, so no live writer owns them. A temporary's own
+    temporaries count too (a writer given a temporary path, as an engine service is, writes
+    through one of its own).
     """
-    for leftover in path.parent.glob(f".{glob.escape(path.name)}.*.tmp"):
+    pattern = f".{glob.escape(path.name)}.*.tmp"
+    for leftover in [*path.parent.glob(pattern), *path.parent.glob("." + pattern)]:
         if leftover.is_dir():
             shutil.rmtree(leftover)
         else:

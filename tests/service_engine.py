@@ -1,0 +1,33 @@
+"""A stand-in engine for tests of eaglenest.workflow.engine_service: the service's lifecycle and
+protocol without vLLM (the real engines are tested through Snakemake in test_hidden_states_vllm
+and test_generate_parts)."""
+
+import logging
+import os
+
+from eaglenest.workflow.errors import InputError
+
+log = logging.getLogger("eaglenest.tests.service_engine")
+
+
+class Echo:
+    def __init__(self, factor):
+        self.factor = factor
+        log.info("loaded")
+
+    def times(self, n, *, lines=0):
+        for i in range(lines):
+            log.info("line %d of %d", i + 1, lines)
+        return n * self.factor
+
+    def pid(self):
+        return os.getpid()
+
+    def refuse(self, where):
+        raise InputError(f"{where}: field 'x': bad")
+
+    def crash(self):
+        raise ZeroDivisionError("boom")
+
+    def close(self):
+        pass
