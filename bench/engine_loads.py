@@ -10,7 +10,7 @@ once, untimed. Then, side by side on the same parts:
            per-job overhead left out, which flatters this column); loads counted in their logs
 Both write the same shard bytes (checked). Prints a Markdown table.
 
-    .venv/bin/python bench/engine_loads.py            # 4 and 16 shards
+    .venv/bin/python bench/engine_loads.py            # 16 shards
 """
 
 import re
@@ -26,7 +26,7 @@ sys.path.insert(0, str(REPO))
 
 from conftest import edit_config, new_workdir  # noqa: E402  (the tests' workflow copy, reused)
 
-SHARD_COUNTS = (4, 16)
+SHARD_COUNTS = (16,)
 ONE_SHARD = """
 import logging
 import sys

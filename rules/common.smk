@@ -36,6 +36,14 @@ D2T = f"{RESULTS}/vocab/d2t.pt"
 T2D = f"{RESULTS}/vocab/t2d.pt"
 DRAFTER = f"{RESULTS}/drafter"
 ENV = "../envs/eaglenest.yaml"
+# GPUs of a job extracting the target's states (hidden_states, agreement_states): with the vLLM
+# backend the target's tensor-parallel ranks (the phase's engine service uses them while its
+# jobs hold them: README "One target load per phase"); HF: one GPU on cuda; none on CPU
+EXTRACTION_GPUS = (
+    0
+    if config["hidden_states"]["device"] == "cpu"
+    else config["vllm"]["tensor_parallel_size"] if config["hidden_states"]["backend"] == "vllm" else 1
+)
 
 
 def code(script):

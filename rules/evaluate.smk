@@ -97,12 +97,7 @@ rule agreement_states:
         f"{RESULTS}/logs/agreement_states.log",
     threads: lambda wildcards: workflow.cores
     resources:
-        # as rule hidden_states: vLLM backend, the target's tensor-parallel ranks; HF, one GPU on cuda; none on CPU
-        gpu=0
-        if config["hidden_states"]["device"] == "cpu"
-        else config["vllm"]["tensor_parallel_size"]
-        if config["hidden_states"]["backend"] == "vllm"
-        else 1,
+        gpu=EXTRACTION_GPUS,  # as rule hidden_states
     conda:
         ENV
     script:

@@ -39,12 +39,7 @@ rule hidden_states:
     log:
         f"{RESULTS}/logs/hidden_states/shard_{{shard}}.log",
     resources:
-        # vLLM backend: the target's tensor-parallel ranks; HF backend: one GPU on cuda; none on CPU
-        gpu=0
-        if config["hidden_states"]["device"] == "cpu"
-        else config["vllm"]["tensor_parallel_size"]
-        if config["hidden_states"]["backend"] == "vllm"
-        else 1,
+        gpu=EXTRACTION_GPUS,
     conda:
         ENV
     script:

@@ -12,6 +12,8 @@ log = logging.getLogger("eaglenest.tests.service_engine")
 
 class Echo:
     def __init__(self, factor):
+        if factor < 0:
+            raise InputError(f"config.yaml: field 'factor': {factor} is negative")
         self.factor = factor
         log.info("loaded")
 

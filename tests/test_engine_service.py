@@ -69,6 +69,12 @@ def test_errors_keep_their_kind_and_the_service_lives_on(here):
     assert "ZeroDivisionError: boom" in (here / "engine.log").read_text()
 
 
+def test_an_engine_refusing_its_settings_gives_the_usual_error(here):
+    with pytest.raises(InputError, match="config.yaml: field 'factor': -1 is negative"):
+        with engine_service("test", FACTORY, {"factor": -1}, log_path=here / "engine.log"):
+            pass
+
+
 def test_an_idle_service_ends_by_itself(here):
     with engine_service("test", FACTORY, {"factor": 1}, log_path=here / "engine.log", idle_s=1.0) as call:
         pid = call("pid")

@@ -123,6 +123,8 @@ def _start(folder, spec, log_path):
     start = time.monotonic()
     while (conn := _connect(folder / "socket")) is None:
         if process.poll() is not None:
+            if (folder / "input_error").exists():  # the engine refused its settings: the usual one-line error
+                raise InputError((folder / "input_error").read_text())
             raise RuntimeError(f"the {spec['phase']} engine service exited with {process.returncode} while "
                                f"starting; the end of {log_path}:\n{_log_tail(log_path)}")
         time.sleep(POLL_S / 4)
@@ -273,7 +275,12 @@ def main(folder):
     module, name = spec["factory"].split(":")
     log.info("%s engine service (pid %d) for %s: loading the target", spec["phase"], os.getpid(), spec["workdir"])
     start = time.monotonic()
-    engine = getattr(importlib.import_module(module), name)(**spec["kwargs"])
+    try:
+        engine = getattr(importlib.import_module(module), name)(**spec["kwargs"])
+    except InputError as e:
+        log.error("%s", e)
+        (folder / "input_error").write_text(str(e))
+        sys.exit(1)
     log.info("target loaded in %.1fs", time.monotonic() - start)
     with contextlib.suppress(FileNotFoundError):
         (folder / "socket").unlink()
