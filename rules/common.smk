@@ -52,27 +52,19 @@ def code(script):
 
 
 @functools.cache
-def split_folder():
-    """The shard_samples folder once the split is complete: until then get() raises, which makes
-    Snakemake re-decide the shard jobs after the split; a raise is never cached. (Cached because
-    1,000 shards called get() 2,000 times per dry run.)"""
-    return checkpoints.shard_samples.get().output.parts
+def split_folder(checkpoint):
+    """The folder of a split checkpoint (shard_samples, split_prompts) once the split is complete:
+    until then get() raises, which makes Snakemake re-decide the part jobs after the split; a
+    raise is never cached. (Cached because 1,000 shards called get() 2,000 times per dry run.)"""
+    return getattr(checkpoints, checkpoint).get().output.parts
 
 
-def shard_part(wildcards):
-    """The shard's samples and their digest, once the split has run. Staleness comes from the
-    digest, whose checksum Snakemake compares; the samples file is ancient()."""
-    part, digest = part_paths(split_folder(), int(wildcards.shard))
-    return {"part": ancient(str(part)), "digest": str(digest)}
+def split_part(checkpoint, wildcard):
+    """Input function of a job per part: its records and their digest, once `checkpoint` has run.
+    Staleness comes from the digest, whose checksum Snakemake compares; the records file is ancient()."""
 
+    def inputs(wildcards):
+        part, digest = part_paths(split_folder(checkpoint), int(wildcards[wildcard]))
+        return {"part": ancient(str(part)), "digest": str(digest)}
 
-@functools.cache
-def prompt_split_folder():
-    """The split_prompts folder once the split is complete (see split_folder)."""
-    return checkpoints.split_prompts.get().output.parts
-
-
-def prompt_part(wildcards):
-    """The part's prompts (ancient()) and their digest, once the split has run (see shard_part)."""
-    part, digest = part_paths(prompt_split_folder(), int(wildcards.part))
-    return {"part": ancient(str(part)), "digest": str(digest)}
+    return inputs

@@ -29,7 +29,7 @@ if not config["data"]["raw_responses"]:
 
     rule generate_part:
         input:
-            unpack(prompt_part),
+            unpack(split_part("split_prompts", "part")),
             target=TARGET,
         output:
             part=RESPONSE_PART,

@@ -21,7 +21,7 @@ checkpoint shard_samples:
 
 rule hidden_states:
     input:
-        unpack(shard_part),
+        unpack(split_part("shard_samples", "shard")),
         target=TARGET,
     output:
         shard=SHARD,

@@ -63,13 +63,18 @@ def _cmdline(pid):
     return Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
 
 
+def _stat(pid):
+    """The fields of /proc/<pid>/stat after the command name: state, parent, ..., start time."""
+    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+
+
 def _start_time(pid):
     """The process's start time in clock ticks (with the pid, it names one process for good)."""
-    return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19])
+    return int(_stat(pid)[19])
 
 
 def _parent(pid):
-    return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+    return int(_stat(pid)[1])
 
 
 def owner():
@@ -214,7 +219,7 @@ def stop_services(phase, *, timeout_s=300.0):
 
 def _process_exists(pid):
     try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+        return _stat(pid)[0] != "Z"
     except FileNotFoundError:
         return False
 
