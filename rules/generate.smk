@@ -47,9 +47,12 @@ if not config["data"]["raw_responses"]:
             code=code("generate_part"),
         log:
             f"{RESULTS}/logs/generate/part_{{part}}.log",
-        threads: lambda wildcards: workflow.cores
+        threads: 1  # the job waits on the generate service, which does the work
         resources:
-            gpu=config["vllm"]["tensor_parallel_size"],  # vLLM's tensor-parallel ranks, a GPU each
+            # vLLM's tensor-parallel ranks, a GPU each. On one machine the generate service leases
+            # them itself (the part jobs hold none, so they run at once and share its batch); a
+            # cluster job asks for them, as its service runs inside it.
+            gpu=0 if workflow.local_exec else config["vllm"]["tensor_parallel_size"],
         conda:
             ENV
         script:

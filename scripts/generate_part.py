@@ -20,5 +20,5 @@ if __name__ == "__main__":  # vLLM starts worker processes that import this file
         end_of_turn=snakemake.params.end_of_turn,
         vllm=snakemake.config["vllm"],
         engine_log=f"{snakemake.config['results']}/logs/generate/engine.log",
-        gpus=snakemake.resources.gpu,
+        engine_gpus=snakemake.config["vllm"]["tensor_parallel_size"],  # the service holds the GPUs, not the job
     )

@@ -4,6 +4,7 @@ and test_generate_parts)."""
 
 import logging
 import os
+import time
 
 from eaglenest.workflow.errors import InputError
 
@@ -25,6 +26,13 @@ class Echo:
     def pid(self):
         return os.getpid()
 
+    def hold(self, seconds, name):
+        """(start, end) of `seconds` spent on this request, in the service's clock."""
+        start = time.monotonic()
+        log.info("%s holding", name)
+        time.sleep(seconds)
+        return start, time.monotonic()
+
     def refuse(self, where):
         raise InputError(f"{where}: field 'x': bad")
 
@@ -33,3 +41,7 @@ class Echo:
 
     def close(self):
         pass
+
+
+class ConcurrentEcho(Echo):
+    serves_concurrently = True  # takes requests from every connection's thread at once

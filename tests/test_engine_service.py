@@ -8,6 +8,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -57,6 +58,31 @@ def test_one_load_serves_every_connection_and_log_lines_reach_the_caller(here, c
     assert log_path.read_text().count("target loaded in") == 2
     stop_services("test")
     assert gone(first) and "test engine service stopped" in log_path.read_text()
+
+
+@pytest.mark.parametrize("factory, together", [(FACTORY, False), ("service_engine:ConcurrentEcho", True)])
+def test_jobs_are_served_together_only_by_an_engine_that_serves_concurrently(here, caplog, factory, together):
+    """Two jobs connected at once: a serial engine answers one after the other, a concurrent one
+    both at the same time; either way each job gets the log lines of its own request only."""
+    caplog.set_level(logging.INFO)
+    with engine_service("test", factory, {"factor": 1}, log_path=here / "engine.log") as call:
+        call("pid")  # started and loaded: the jobs below only connect
+    answers = {}
+
+    def job(name):
+        with engine_service("test", factory, {"factor": 1}, log_path=here / "engine.log") as call:
+            answers[name] = call("hold", 1.0, name), threading.get_ident()
+
+    jobs = [threading.Thread(target=job, args=(name,)) for name in ("a", "b")]
+    for thread in jobs:
+        thread.start()
+    for thread in jobs:
+        thread.join()
+    (a_start, a_end), (b_start, b_end) = answers["a"][0], answers["b"][0]
+    assert (a_start < b_end and b_start < a_end) == together
+    for name, (_, thread) in answers.items():
+        assert [r.getMessage() for r in caplog.records if r.thread == thread and "holding" in r.getMessage()] \
+            == [f"{name} holding"]
 
 
 def test_errors_keep_their_kind_and_the_service_lives_on(here):

@@ -65,13 +65,15 @@ def generated(demo_target, tmp_path_factory):
                                stderr=subprocess.STDOUT, start_new_session=True)
     logs = workdir / "results/logs/generate"
 
-    def second_part_asked():
-        """A part done and the next part's job asking the service started by the first for its answers."""
-        asked = [p for p in logs.glob("part_*.log") if "using this run's generate engine service" in p.read_text()]
-        return len(list((workdir / "results/responses/parts").glob("part_*.jsonl"))) == 1 and asked
+    def part_done_and_one_asked():
+        """A part done, and a part not done asking the service (started by another job) for its answers."""
+        done = {p.name for p in (workdir / "results/responses/parts").glob("part_*.jsonl")}
+        asked = {p.name.replace(".log", ".jsonl") for p in logs.glob("part_*.log")
+                 if "using this run's generate engine service" in p.read_text()}
+        return done and asked - done
 
     deadline = time.monotonic() + 600
-    while not second_part_asked():
+    while not part_done_and_one_asked():
         assert run.poll() is None and time.monotonic() < deadline, log.read_text()
         time.sleep(0.02)
     still_running = run.poll() is None

@@ -108,9 +108,11 @@ def test_profile_plans_every_job_with_its_gpus(profile, gpu_config, storage):
     assert f"Using profile {profile} for setting default command line arguments" in output
     jobs = planned(output)
     assert {rule for rule, _ in jobs} >= GPU_RULES | CPU_STAGES | {"summary", "export_eagle", "all"}
+    # On one machine the generate service leases the GPUs itself and its part jobs hold none.
+    expected = EXPECTED_GPUS | ({"generate_part": 0} if profile == "blackwell" else {})
     for rule, resources in jobs:
-        if rule in EXPECTED_GPUS:
-            assert resources.get("gpu") == str(EXPECTED_GPUS[rule]), (rule, resources)
+        if rule in expected:
+            assert resources.get("gpu") == str(expected[rule]), (rule, resources)
         else:
             assert resources.get("gpu", "0") == "0", (rule, resources)
 

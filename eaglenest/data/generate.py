@@ -12,18 +12,20 @@ joins the parts in the order of the prompts file. A kill loses at most the parts
 appending prompts regenerates only the parts that gain them, and a record never depends on its
 part: each request samples with a seed of its own (request_seed), so the merged file is what one
 job answering every prompt writes. ResponseGenerator keeps the engine apart from the per-part
-work: it is started once and may answer any number of parts.
+work: it is started once and answers any number of parts, several at once (SharedEngine: their
+requests share one running batch, so no part ends on a nearly empty one).
 """
 
 import contextlib
 import hashlib
 import json
 import logging
+import threading
 from pathlib import Path
 
 from eaglenest.data.prompts import read_prompts
 from eaglenest.data.tokenizer import Tokenizer
-from eaglenest.engine import EngineHolder, engine_args, generate_with, start_engine
+from eaglenest.engine import EngineHolder, SharedEngine, engine_args, start_engine
 from eaglenest.workflow.atomic import atomic_path
 from eaglenest.workflow.engine_service import engine_service, stop_services
 from eaglenest.workflow.errors import InputError
@@ -94,20 +96,30 @@ def check_prompt_lengths(prompts, prompt_ids, max_model_len, source=None):
 
 
 class ResponseGenerator(EngineHolder):
-    """The target in vLLM, started once, answering parts of prompts (answer_part).
+    """The target in vLLM, started once, answering parts of prompts (answer_part), from any
+    number of threads at once (serves_concurrently: the engine service gives each job a thread).
 
     Built from plain JSON-able settings, so that a long-lived process can build it and serve
     every part: `vllm` is the config's engine section (eaglenest.engine.engine_args),
     trust_remote_code runs the target's own code (config target.trust_remote_code), the
     tokenizer settings are tokenize's (the prompt is rendered as tokenize renders it)."""
 
+    serves_concurrently = True
+
     def __init__(self, target_dir, *, vllm, trust_remote_code, chat_template_kwargs, think_start, think_end,
                  end_of_turn):
         self.tokenizer = Tokenizer(target_dir, trust_remote_code=trust_remote_code, think_start=think_start,
                                    think_end=think_end, end_of_turn=end_of_turn,
                                    chat_template_kwargs=chat_template_kwargs)  # refuses a bad one before vLLM starts
+        self.tokenizer_turn = threading.Lock()  # one tokenizer, used by every part's thread
         self.max_model_len = vllm["max_model_len"]
         self.llm = start_engine(target_dir, engine_args(vllm, trust_remote_code=trust_remote_code))
+        self.engine = SharedEngine(self.llm)
+
+    def close(self):
+        if self.llm is not None:
+            self.engine.close()
+        super().close()
 
     def answer_part(self, prompts_path, out_path, *, max_tokens, temperature, seed, source=None, label=None):
         """Answer the prompts of one part (a JSONL of prompts) and write their records, in the
@@ -117,7 +129,8 @@ class ResponseGenerator(EngineHolder):
         label: what the progress lines call this part."""
         prompts = read_part_prompts(prompts_path)
         label = label or str(prompts_path)
-        prompt_ids = [self.tokenizer.prompt(messages) for _, messages, _ in prompts]
+        with self.tokenizer_turn:
+            prompt_ids = [self.tokenizer.prompt(messages) for _, messages, _ in prompts]
         check_prompt_lengths(prompts, prompt_ids, self.max_model_len, source)
         records = self._answer(prompts, prompt_ids, max_tokens=max_tokens, temperature=temperature, seed=seed,
                                label=label) if prompts else []
@@ -127,14 +140,15 @@ class ResponseGenerator(EngineHolder):
     def _answer(self, prompts, prompt_ids, *, max_tokens, temperature, seed, label):
         log.info("%s: generating for %d prompts (max_tokens %d, temperature %g)", label, len(prompts), max_tokens,
                  temperature)
-        run = generate_with(self.llm, prompt_ids, stop_token_ids=[self.tokenizer.end_of_turn], max_tokens=max_tokens,
-                            temperature=temperature, seeds=[request_seed(seed, p[0]) for p in prompts],
-                            progress=label)
+        run = self.engine.generate(prompt_ids, stop_token_ids=[self.tokenizer.end_of_turn], max_tokens=max_tokens,
+                                   temperature=temperature, seeds=[request_seed(seed, p[0]) for p in prompts],
+                                   progress=label)
         log.info("%s: %d responses, %d tokens in %.1fs (%.0f tok/s, vLLM %s)", label, len(prompts),
                  run["generated_tokens"], run["generate_s"], run["tokens_per_s"], run["vllm_version"])
-        return [response_record(prompt_id, messages, ids, completion, finish, self.tokenizer)
-                for (prompt_id, messages, _), ids, completion, finish
-                in zip(prompts, prompt_ids, run["token_ids"], run["finish_reasons"])]
+        with self.tokenizer_turn:
+            return [response_record(prompt_id, messages, ids, completion, finish, self.tokenizer)
+                    for (prompt_id, messages, _), ids, completion, finish
+                    in zip(prompts, prompt_ids, run["token_ids"], run["finish_reasons"])]
 
 
 def write_records(out_path, records):
@@ -143,13 +157,15 @@ def write_records(out_path, records):
         tmp.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records), encoding="utf-8")
 
 
-def generate_part(prompts_path, target_dir, out_path, *, max_tokens, temperature, seed, engine_log, part=None,
-                  num_parts=None, source=None, **settings):
+def generate_part(prompts_path, target_dir, out_path, *, max_tokens, temperature, seed, engine_log, engine_gpus=0,
+                  part=None, num_parts=None, source=None, **settings):
     """The generate_part stage: answer the prompts of one part (`prompts_path`, from split_prompts)
     with the target and write their records to `out_path` (ResponseGenerator.answer_part), in
     this run's generate engine service (one target load for every part, its log in `engine_log`;
-    eaglenest.workflow.engine_service). `settings`: ResponseGenerator's. An empty part writes an
-    empty file, starting no engine. part, num_parts: which part of how many, for the log."""
+    eaglenest.workflow.engine_service). The service leases `engine_gpus` devices itself, so part
+    jobs hold none and run at once, their requests in one batch. `settings`: ResponseGenerator's.
+    An empty part writes an empty file, starting no engine. part, num_parts: which part of how
+    many, for the log."""
     label = f"part {int(part):05d} ({int(part) + 1} of {num_parts})" if part is not None else str(prompts_path)
     if not read_part_prompts(prompts_path):
         log.info("%s: no prompts", label)
@@ -157,7 +173,7 @@ def generate_part(prompts_path, target_dir, out_path, *, max_tokens, temperature
         return 0
     # The service writes a temporary that this job renames: the part appears only when its job completes.
     with atomic_path(out_path) as staging, engine_service("generate", GENERATOR, {"target_dir": str(target_dir), **settings},
-                                                          log_path=engine_log) as call:
+                                                          log_path=engine_log, gpus=engine_gpus) as call:
         return call("answer_part", str(prompts_path), str(staging), max_tokens=max_tokens, temperature=temperature,
                     seed=seed, source=source, label=label)
 

@@ -10,10 +10,13 @@ How it lives and dies (README "One target load per phase"):
   the working directory, the phase and the engine's settings. Another run, or other settings,
   get a service of their own.
 - Started by the first job that finds none (under a lock, so jobs starting together start one),
-  in a session of its own, with the job's environment (its GPU lease, CUDA_VISIBLE_DEVICES).
+  in a session of its own, with the job's environment: its GPU lease (CUDA_VISIBLE_DEVICES), or
+  `gpus` devices that the service leases for itself (then the jobs hold none and may run at once).
   The job waits while the target loads and fails with the tail of the service's log if it dies.
-- Serves one request at a time, in arrival order (one engine). Log lines of a request go to the
-  requesting job's log as well as the service's, so progress shows in the rule's log.
+- Each connected job is served in a thread of its own; its requests run one at a time, in
+  arrival order, unless the engine says it serves_concurrently (then it takes requests from every
+  thread at once: eaglenest.engine.SharedEngine). Log lines of a request go to the requesting
+  job's log as well as the service's, so progress shows in the rule's log.
 - Ends when the phase's last rule stops it (stop_services: the engine's memory must be free
   before the next phase takes the GPUs), when it has been idle for `idle_s`, or at once (its
   whole process group killed, vLLM's processes included) when the owner is gone: a killed run
@@ -45,6 +48,7 @@ from pathlib import Path
 
 from eaglenest import CHECKOUT
 from eaglenest.workflow.errors import InputError
+from eaglenest.workflow.gpu_lease import gpu_lease
 
 log = logging.getLogger("eaglenest.workflow.engine_service")  # also when run as __main__
 
@@ -138,12 +142,13 @@ def _start(folder, spec, log_path):
 
 
 @contextlib.contextmanager
-def engine_service(phase, factory, kwargs, *, log_path, idle_s=IDLE_S):
+def engine_service(phase, factory, kwargs, *, log_path, gpus=0, idle_s=IDLE_S):
     """A connection to this run's `phase` service for the engine factory(**kwargs), started if
-    there is none; yields a function call(method, *args, **kwargs) -> the method's result."""
+    there is none; yields a function call(method, *args, **kwargs) -> the method's result.
+    gpus: devices the service leases for itself (eaglenest.workflow.gpu_lease) while it lives."""
     owner_pid, owner_start = owner()
     spec = {"phase": phase, "workdir": os.getcwd(), "owner": [owner_pid, owner_start], "factory": factory,
-            "kwargs": kwargs}
+            "kwargs": kwargs, "gpus": gpus}
     key = hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:16]
     _sweep()
     folder = services_dir() / key
@@ -225,41 +230,45 @@ def _process_exists(pid):
 
 
 class _Forward(logging.Handler):
-    """Sends eaglenest's log records to the job whose request is being served (one at a time, so
-    they are all about it, a progress timer's included); vLLM's own stay in the service's log."""
+    """Sends eaglenest's log records from the thread serving a job to that job (an engine logs
+    a request's progress from the requesting thread); vLLM's own stay in the service's log."""
 
     def __init__(self, conn):
         super().__init__(logging.INFO)  # Handler.handle holds the handler's lock around emit: one sender at a time
-        self.conn = conn
+        self.conn, self.thread = conn, threading.get_ident()
 
     def emit(self, record):
-        if record.name.startswith("eaglenest"):
+        if record.thread == self.thread and record.name.startswith("eaglenest"):
             with contextlib.suppress(OSError, ValueError):
                 self.conn.send(("log", record.name, record.levelno, record.getMessage()))
 
 
-def _serve(conn, engine):
-    """Answer one job's requests until it hangs up; True when told to stop."""
-    while True:
-        try:
-            message = conn.recv()
-        except (EOFError, ConnectionError):
-            return False
-        if message[0] == "stop":
-            conn.send(("stopped",))
-            return True
-        _, method, args, kwargs = message
-        forward = _Forward(conn)
-        logging.getLogger().addHandler(forward)
-        try:
-            reply = ("done", getattr(engine, method)(*args, **kwargs))
-        except Exception as e:
-            log.exception("%s failed", method)
-            reply = ("error", type(e).__name__, str(e))
-        finally:
-            logging.getLogger().removeHandler(forward)
-        with contextlib.suppress(OSError):
-            conn.send(reply)
+def _serve(conn, engine, turn, stop):
+    """Answer one job's requests until it hangs up (in this job's thread), each while holding
+    `turn`; set `stop` when told to stop."""
+    with conn:
+        while True:
+            try:
+                message = conn.recv()
+            except (EOFError, ConnectionError):
+                return
+            if message[0] == "stop":
+                stop.set()
+                conn.send(("stopped",))
+                return
+            _, method, args, kwargs = message
+            forward = _Forward(conn)
+            logging.getLogger().addHandler(forward)
+            try:
+                with turn:
+                    reply = ("done", getattr(engine, method)(*args, **kwargs))
+            except Exception as e:
+                log.exception("%s failed", method)
+                reply = ("error", type(e).__name__, str(e))
+            finally:
+                logging.getLogger().removeHandler(forward)
+            with contextlib.suppress(OSError):
+                conn.send(reply)
 
 
 def _watch_owner(owner_pid, owner_start):
@@ -277,6 +286,19 @@ def main(folder):
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s",
                         stream=sys.stderr, force=True)
     threading.Thread(target=_watch_owner, args=spec["owner"], daemon=True).start()
+    with gpu_lease(spec["gpus"]):  # sets CUDA_VISIBLE_DEVICES before the engine starts
+        engine = _load(folder, spec)
+        try:
+            _listen(folder, spec, engine)
+        finally:
+            with contextlib.suppress(Exception):
+                engine.close()
+            shutil.rmtree(folder, ignore_errors=True)
+    log.info("%s engine service stopped", spec["phase"])
+
+
+def _load(folder, spec):
+    """The engine of `spec`; an InputError (settings the engine refuses) is left for the starting job."""
     module, name = spec["factory"].split(":")
     log.info("%s engine service (pid %d) for %s: loading the target", spec["phase"], os.getpid(), spec["workdir"])
     start = time.monotonic()
@@ -287,33 +309,39 @@ def main(folder):
         (folder / "input_error").write_text(str(e))
         sys.exit(1)
     log.info("target loaded in %.1fs", time.monotonic() - start)
+    return engine
+
+
+def _listen(folder, spec, engine):
+    """Serve every job that connects, each in a thread of its own, until stopped or idle."""
+    turn = contextlib.nullcontext() if getattr(engine, "serves_concurrently", False) else threading.Lock()
+    stop, serving = threading.Event(), []
     with contextlib.suppress(FileNotFoundError):
         (folder / "socket").unlink()
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     listener.bind(str(folder / "socket"))
-    listener.listen(64)
+    listener.listen(256)
     listener.settimeout(POLL_S)
     idle_since = time.monotonic()
     try:
-        while time.monotonic() - idle_since < spec["idle_s"]:
+        while not stop.is_set():
+            serving = [thread for thread in serving if thread.is_alive()]
+            if serving:
+                idle_since = time.monotonic()
+            elif time.monotonic() - idle_since >= spec["idle_s"]:
+                log.info("idle for %.0fs: stopping", spec["idle_s"])
+                return
             try:
                 sock, _ = listener.accept()
             except TimeoutError:
                 continue
             sock.settimeout(None)
-            with Connection(sock.detach()) as conn:
-                if _serve(conn, engine):
-                    break
-            idle_since = time.monotonic()
-        else:
-            log.info("idle for %.0fs: stopping", spec["idle_s"])
+            serving.append(threading.Thread(target=_serve, args=(Connection(sock.detach()), engine, turn, stop),
+                                            daemon=True))
+            serving[-1].start()
     finally:
         listener.close()
         (folder / "socket").unlink(missing_ok=True)
-        with contextlib.suppress(Exception):
-            engine.close()
-        shutil.rmtree(folder, ignore_errors=True)
-    log.info("%s engine service stopped", spec["phase"])
 
 
 if __name__ == "__main__":
