@@ -66,11 +66,14 @@ def generated(demo_target, tmp_path_factory):
     logs = workdir / "results/logs/generate"
 
     def part_done_and_one_asked():
-        """A part done, and a part not done asking the service (started by another job) for its answers."""
+        """A part's job finished (Snakemake says so: its output is no longer incomplete), and a part
+        not done asking the service (started by another job) for its answers."""
+        if "(Rule: generate_part)" not in "".join(re.findall(r"Finished jobid: .*", log.read_text())):
+            return False
         done = {p.name for p in (workdir / "results/responses/parts").glob("part_*.jsonl")}
         asked = {p.name.replace(".log", ".jsonl") for p in logs.glob("part_*.log")
                  if "using this run's generate engine service" in p.read_text()}
-        return done and asked - done
+        return bool(asked - done)
 
     deadline = time.monotonic() + 600
     while not part_done_and_one_asked():
