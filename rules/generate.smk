@@ -49,10 +49,10 @@ if not config["data"]["raw_responses"]:
             f"{RESULTS}/logs/generate/part_{{part}}.log",
         threads: 1  # the job waits on the generate service, which does the work
         resources:
-            # vLLM's tensor-parallel ranks, a GPU each. On one machine the generate service leases
-            # them itself (the part jobs hold none, so they run at once and share its batch); a
-            # cluster job asks for them, as its service runs inside it.
-            gpu=0 if workflow.local_exec else config["vllm"]["tensor_parallel_size"],
+            # vLLM's tensor-parallel ranks, a GPU each: what a cluster job asks for (its service runs
+            # inside it). The blackwell profile sets 0: on one machine the generate service leases
+            # them itself, so the part jobs hold none, run at once and share its batch.
+            gpu=config["vllm"]["tensor_parallel_size"],
         conda:
             ENV
         script:
