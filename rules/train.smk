@@ -17,7 +17,7 @@ rule train_drafter:
         train_log=f"{RESULTS}/train/train_log.tsv",
         trained_config=f"{RESULTS}/train/drafter_config.json",
     params:
-        settings=artifact_settings(config, "train"),  # device, processes, checkpoints: read from the config
+        settings=artifact_settings(config, "train"),  # device, processes, loader, bf16 ...: read from the config
         drafter=config["drafter"],  # the geometry: a change makes the drafter stale
         # Not an output: Snakemake deletes a failed job's outputs, and a checkpoint must outlive a kill.
         resume_dir=f"{RESULTS}/train/resume",

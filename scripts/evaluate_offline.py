@@ -13,5 +13,6 @@ run_stage(
     heldout_fraction=snakemake.params.heldout_fraction,
     num_speculative_tokens=snakemake.params.num_speculative_tokens,
     device=snakemake.config["train"]["device"],  # the drafter runs where it trained
+    max_tokens_per_batch=snakemake.config["eval"]["max_tokens_per_batch"],  # speed only: not a param
     gpus=snakemake.resources.gpu,
 )

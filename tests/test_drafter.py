@@ -2,6 +2,7 @@
 
 import importlib.util
 import json
+import math
 from pathlib import Path
 
 import pytest
@@ -11,7 +12,9 @@ from safetensors import safe_open
 from transformers import LlamaConfig
 from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding, apply_rotary_pos_emb
 
-from eaglenest.drafter.model import Drafter, DrafterConfig, apply_rope, checked_rope_scaling, repeat_kv, rope_cos_sin
+from eaglenest.drafter import model
+from eaglenest.drafter.model import (Drafter, DrafterConfig, apply_rope, checked_rope_scaling, repeat_kv,
+                                     rope_cos_sin, ttt_attention)
 from eaglenest.drafter.export import export_eagle, write_drafter
 from eaglenest.drafter.load import load_drafter, read_checkpoint
 
@@ -338,3 +341,112 @@ def test_eagle_export_holds_the_same_weights_and_explicit_flags(tmp_path):
     assert loaded.config == load_drafter(tmp_path / "speculators").config
     for name, tensor in drafter.state_dict().items():
         assert torch.equal(loaded.state_dict()[name], tensor), name
+
+
+def full_matrix_ttt_attention(q, keys, values):
+    """ttt_attention as it was before blocks: the whole [B, nh, T, T + k] score matrix at once."""
+    B, T, nh, D = q.shape
+    q = q.transpose(1, 2) / math.sqrt(D)  # [B, nh, T, D]
+    k0 = repeat_kv(keys[0], nh).transpose(1, 2)  # [B, nh, T, D]
+    v0 = repeat_kv(values[0], nh).transpose(1, 2)
+    causal = q @ k0.transpose(-1, -2)  # [B, nh, T, T]
+    future = torch.ones(T, T, dtype=torch.bool, device=q.device).triu(1)
+    causal = causal.masked_fill(future, float("-inf"))
+    diagonal = [(q * repeat_kv(k, nh).transpose(1, 2)).sum(-1, keepdim=True) for k in keys[1:]]
+    scores = torch.cat([causal, *diagonal], dim=-1)  # [B, nh, T, T + k]
+    probs = scores.float().softmax(-1).to(q.dtype)
+    out = probs[..., :T] @ v0  # [B, nh, T, D]
+    for s, v in enumerate(values[1:]):
+        out = out + probs[..., T + s, None] * repeat_kv(v, nh).transpose(1, 2)
+    return out.transpose(1, 2)
+
+
+def attention_inputs(B, T, nh, nkv, D, steps, seed=0):
+    """q [B, T, nh, D] and `steps` keys and values [B, T, nkv, D], all requiring grad."""
+    g = torch.Generator().manual_seed(seed)
+    q = (torch.randn(B, T, nh, D, generator=g) * 2).requires_grad_()
+    keys = [(torch.randn(B, T, nkv, D, generator=g) * 2).requires_grad_() for _ in range(steps)]
+    values = [torch.randn(B, T, nkv, D, generator=g).requires_grad_() for _ in range(steps)]
+    return q, keys, values
+
+
+@pytest.mark.parametrize(
+    "B, T, nh, nkv, D, steps",
+    [
+        (2, 11, 4, 2, 8, 1),  # T not a multiple of the block, GQA
+        (1, 3, 2, 1, 16, 3),  # T smaller than a block
+        (2, 16, 3, 3, 8, 4),  # T a multiple of the block, no GQA
+        (1, 13, 6, 2, 4, 2),
+    ],
+)
+def test_blocked_ttt_attention_equals_the_full_matrix(monkeypatch, B, T, nh, nkv, D, steps):
+    monkeypatch.setattr(model, "ATTENTION_BLOCK", 4)
+    q, keys, values = attention_inputs(B, T, nh, nkv, D, steps)
+    weights = torch.randn(B, T, nh, D)  # a loss that weighs every output differently
+    results = []
+    for attention in (ttt_attention, full_matrix_ttt_attention):
+        out = attention(q, keys, values)
+        grads = torch.autograd.grad((out * weights).sum(), [q, *keys, *values])
+        results.append((out, grads))
+        with torch.no_grad():
+            torch.testing.assert_close(attention(q, keys, values), out)
+    (out, grads), (expected, expected_grads) = results
+    torch.testing.assert_close(out, expected, atol=1e-5, rtol=1e-5)
+    for grad, expected_grad in zip(grads, expected_grads):
+        torch.testing.assert_close(grad, expected_grad, atol=1e-5, rtol=1e-5)
+
+
+def test_blocked_ttt_attention_under_bfloat16_autocast(monkeypatch):
+    monkeypatch.setattr(model, "ATTENTION_BLOCK", 4)
+    q, keys, values = attention_inputs(1, 10, 4, 2, 16, 3)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        q16, keys16, values16 = q.bfloat16(), [k.bfloat16() for k in keys], [v.bfloat16() for v in values]
+        out = ttt_attention(q16, keys16, values16)
+        expected = full_matrix_ttt_attention(q16, keys16, values16)
+    assert out.dtype == torch.bfloat16
+    torch.testing.assert_close(out.float(), expected.float(), atol=2e-2, rtol=2e-2)
+    out.float().sum().backward()
+    assert q.grad is not None and all(k.grad is not None for k in keys)
+
+
+def saved_sizes(forward):
+    """The sizes (elements) of the tensors that autograd keeps for backward, outside
+    checkpoints, while `forward()` runs."""
+    saved = []
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t.numel()) or t, lambda t: t):
+        forward()
+    return saved
+
+
+def test_ttt_attention_leaves_nothing_quadratic_to_backward(monkeypatch):
+    """What autograd keeps for backward outside the recomputed blocks: no tensor of T × T."""
+    monkeypatch.setattr(model, "ATTENTION_BLOCK", 16)
+    T = 64
+    q, keys, values = attention_inputs(1, T, 2, 1, 8, 3)
+    assert max(saved_sizes(lambda: full_matrix_ttt_attention(q, keys, values))) >= T * T  # it sees the scores
+    assert max(saved_sizes(lambda: ttt_attention(q, keys, values)), default=0) < T * T
+
+
+def drafter_loss_and_grads(drafter, input_ids, aux, num_steps):
+    """A soft cross-entropy over the TTT steps and the gradient of every trained parameter."""
+    logits = drafter(input_ids, aux, num_steps)
+    g = torch.Generator().manual_seed(2)
+    targets = [torch.randn(step.shape, generator=g).softmax(-1) for step in logits]
+    loss = sum(-(t * step.log_softmax(-1)).sum(-1).mean() for t, step in zip(targets, logits))
+    params = [p for p in drafter.parameters() if p.requires_grad]
+    return loss, torch.autograd.grad(loss, params)
+
+
+def test_activation_checkpointing_changes_no_loss_or_gradient(monkeypatch):
+    monkeypatch.setattr(model, "ATTENTION_BLOCK", 4)  # the attention's own checkpoints nested inside
+    drafter = make_drafter()
+    input_ids, aux = random_inputs(2, 10)
+    loss, grads = drafter_loss_and_grads(drafter, input_ids, aux, 3)
+    kept = sum(saved_sizes(lambda: drafter(input_ids, aux, 3)))
+    drafter.activation_checkpointing = True
+    checkpointed_loss, checkpointed_grads = drafter_loss_and_grads(drafter, input_ids, aux, 3)
+    assert sum(saved_sizes(lambda: drafter(input_ids, aux, 3))) < kept / 2  # the layer's activations are not
+    torch.testing.assert_close(checkpointed_loss, loss, atol=1e-6, rtol=1e-6)
+    for grad, checkpointed in zip(grads, checkpointed_grads):
+        torch.testing.assert_close(checkpointed, grad, atol=1e-6, rtol=1e-6)
+    assert "activation_checkpointing" not in drafter.config.to_dict()

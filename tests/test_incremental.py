@@ -90,7 +90,7 @@ def test_editing_one_sample_reextracts_only_its_shard_and_dry_run_names_it(workd
         ({"demo_target": {"seed": 1}}, "everything", 3),
         ({"tokenize": {"max_seq_len": 100}}, {"tokenize", "token_freq", "vocab_map", "shard_samples", "hidden_states", "hidden_states_manifest"} | DOWNSTREAM_OF_TRAINING, 3),
         ({"train": {"lr": 0.002}}, DOWNSTREAM_OF_TRAINING, 0),
-        ({"train": {"epochs": 3, "batch_size": 4}}, DOWNSTREAM_OF_TRAINING, 0),
+        ({"train": {"epochs": 3, "tokens_per_step": 80}}, DOWNSTREAM_OF_TRAINING, 0),
         ({"vocab": {"draft_vocab_size": 96}}, {"vocab_map"} | DOWNSTREAM_OF_TRAINING, 0),
         ({"eval": {"max_prompts": 40}}, {"vllm_runs", "agreement_states", "evaluate_vllm", "summary", "all"}, 0),
         ({"eval": {"agreement_tolerance": 0.1}}, {"evaluate_vllm", "summary", "all"}, 0),  # the check alone, no vLLM run

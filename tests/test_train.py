@@ -70,8 +70,9 @@ def data(tmp_path_factory):
 
 def train_args(root, shards, name, **kwargs):
     """(positional, keyword) arguments of train_drafter for a test run named `name`."""
-    args = dict(seed=0, ttt_steps=K, max_steps=100, batch_size=8, lr=3e-3, warmup=5,
-                heldout_fraction=HELDOUT, log_every=10)
+    # samples of PROMPT + NEW = 48 tokens, NEW supervised: steps of 2 micro-batches of 4 samples
+    args = dict(seed=0, ttt_steps=K, max_steps=100, max_tokens_per_batch=4 * 48, tokens_per_step=8 * NEW, lr=3e-3,
+                warmup=5, heldout_fraction=HELDOUT, log_every=10)
     args.update(kwargs)
     positional = [shards, root / "manifest.json", args.pop("d2t", root / "d2t.pt"),
                   args.pop("t2d", root / "t2d.pt"), root / "target", root / name, root / f"{name}.tsv"]
@@ -267,16 +268,18 @@ def test_init_from_trained_on_other_aux_layers_is_refused(data, trained, tmp_pat
                       tmp_path / "out", tmp_path / "out.tsv", seed=1, ttt_steps=K, max_steps=0, init_from=other)
 
 
-# 40 training samples in batches of 3: 14 steps an epoch, the last of one sample, so that one of
-# 2 DDP ranks has none; checkpoints every 3 steps fall mid-epoch and between log lines.
+# 40 training samples of 48 tokens, a micro-batch each, 3 to a step (3 × 40 supervised tokens):
+# 14 steps an epoch, the last of one sample; of 2 DDP ranks one takes a dummy in every step;
+# checkpoints every 3 steps fall mid-epoch and between log lines.
 STEPS = 60
-SMALL = dict(max_steps=STEPS, batch_size=3, heldout_fraction=0.25, device="cpu")
+SMALL = dict(max_steps=STEPS, max_tokens_per_batch=48, tokens_per_step=3 * NEW, heldout_fraction=0.25, device="cpu")
 # The job as the rule's script runs it: run_stage (log file, one thread) around train_drafter.
 JOB = ("import json, sys; from eaglenest.workflow.stage import run_stage; from eaglenest.train.loop import train_drafter; "
        "args, kwargs = json.load(open(sys.argv[1])); run_stage(sys.argv[2], 1, train_drafter, *args, **kwargs)")
 # Max abs weight difference allowed from the one-process run (weights are of order 0.1-1). One
-# process resumed: the same float operations (measured: 0). DDP: two half batches, each padded
-# to its own length, summed by the all-reduce: rounding differs (measured after 60 steps: 9e-7),
+# process resumed: the same float operations (measured: 0). DDP: the ranks take turns of each
+# step's micro-batches, their gradients summed in another order by the all-reduce: rounding
+# differs (measured after 60 steps: 1.2e-7; 9e-7 when each rank took a share of every batch),
 # while normalising each rank's loss by its own counts instead of the global ones moved the
 # weights by 4e-2.
 TOLERANCE = {1: 1e-6, 2: 5e-5}
@@ -362,9 +365,9 @@ def test_killed_training_resumes_and_ends_as_if_never_interrupted(data, uninterr
 
 
 def test_ddp_on_two_processes_trains_as_one_process_on_the_global_batch(data, uninterrupted, caplog):
-    """DDP through the rule's entry: torchrun, 2 gloo processes on CPU, each on its share of
-    every batch (the ranks' updates are identical: DDP all-reduces the gradients). The result,
-    written by rank 0, is the one-process result to float rounding, and training learned."""
+    """DDP through the rule's entry: torchrun, 2 gloo processes on CPU, taking turns of every
+    step's micro-batches (the ranks' updates are identical: DDP all-reduces the gradients). The
+    result, written by rank 0, is the one-process result to float rounding, and training learned."""
     root, shards = data
     with caplog.at_level(logging.INFO, logger="eaglenest.train"):
         ddp = train(root, shards, "ddp", num_processes=2, **SMALL)

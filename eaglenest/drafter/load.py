@@ -97,18 +97,27 @@ def read_checkpoint(path):
     return drafter_config, state
 
 
+def drafter_from_state(config, state):
+    """A Drafter of `config` holding `state`'s tensors themselves (assigned, not copied; no
+    random init, so no [V, H] float32 embedding is ever drawn), in their dtypes."""
+    with torch.device("meta"):
+        drafter = Drafter(config)
+    drafter.load_state_dict(state, assign=True)
+    return drafter
+
+
 def load_drafter(path, embed_tokens=None, config=None):
-    """A Drafter (float32, eval mode) from a drafter dir in either format.
+    """A Drafter (float32 but its frozen embed_tokens, eval mode) from a drafter dir in either format.
 
     Its own embed_tokens when the checkpoint has one (vLLM keeps a distinct one too), else
-    `embed_tokens` [V, H], the target's (what vLLM shares then). `config`: a DrafterConfig
-    to use instead of the checkpoint's (the weights must fit it).
+    `embed_tokens` [V, H], the target's (what vLLM shares then): either kept in its own dtype,
+    and the tensor given is the drafter's, not a copy (at Kimi-K2.5's size a float32 copy is
+    4.7 GB). `config`: a DrafterConfig to use instead of the checkpoint's (the weights must fit it).
     """
     file_config, state = read_checkpoint(path)
     if "embed_tokens.weight" not in state:
         if embed_tokens is None:
             raise ValueError(f"{path} has no embed_tokens: pass the target's")
         state["embed_tokens.weight"] = embed_tokens
-    drafter = Drafter(config or file_config)
-    drafter.load_state_dict({n: t.float() if t.is_floating_point() else t for n, t in state.items()})
-    return drafter.eval()
+    state = {n: t.float() if t.is_floating_point() and n != "embed_tokens.weight" else t for n, t in state.items()}
+    return drafter_from_state(config or file_config, state).eval()

@@ -25,6 +25,7 @@ from dataclasses import asdict, dataclass
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.utils.checkpoint import checkpoint
 
 
 @dataclass
@@ -186,6 +187,10 @@ def shift_left(x, n, fill):
     return out
 
 
+# Queries per block of ttt_attention: one block's scores are [B, heads, ATTENTION_BLOCK, T + k].
+ATTENTION_BLOCK = 512
+
+
 def ttt_attention(q, keys, values):
     """Attention of one TTT step, for every anchor t at once.
 
@@ -194,21 +199,78 @@ def ttt_attention(q, keys, values):
     and the keys of steps 1..k at its own anchor t (the diagonal): the drafter's KV cache in
     vLLM while it drafts from anchor t. One softmax over both parts. Right padding only adds
     anchors after t, which the causal part never sees. Returns [B, T, nh, D].
+
+    Computed ATTENTION_BLOCK queries at a time, each block checkpointed when grad is on: backward
+    recomputes a block's scores instead of keeping them, so a step retains q, keys, values and
+    its output, O(T), never the O(T²) scores.
     """
-    B, T, nh, D = q.shape
-    q = q.transpose(1, 2) / math.sqrt(D)  # [B, nh, T, D]
-    k0 = repeat_kv(keys[0], nh).transpose(1, 2)  # [B, nh, T, D]
-    v0 = repeat_kv(values[0], nh).transpose(1, 2)
-    causal = q @ k0.transpose(-1, -2)  # [B, nh, T, T]
-    future = torch.ones(T, T, dtype=torch.bool, device=q.device).triu(1)
+    T = q.shape[1]
+    blocks = []
+    for start in range(0, T, ATTENTION_BLOCK):
+        end = min(start + ATTENTION_BLOCK, T)
+        # Slices (views) taken now: a block rerun in backward sees these steps' keys only.
+        block = (q[:, start:end], (keys[0][:, :end], *(k[:, start:end] for k in keys[1:])),
+                 (values[0][:, :end], *(v[:, start:end] for v in values[1:])), start)
+        if torch.is_grad_enabled():
+            blocks.append(checkpoint(ttt_attention_block, *block, use_reentrant=False))
+        else:
+            blocks.append(ttt_attention_block(*block))
+    return torch.cat(blocks, dim=1)
+
+
+def ttt_attention_block(q, keys, values, start):
+    """ttt_attention of the n queries q [B, n, nh, D] at anchors start..start+n-1 -> [B, n, nh, D].
+    keys[0], values[0]: step 0's from anchor 0 on, [B, >= start+n, nkv, D] (those past start+n
+    unused: causal); keys[s], values[s] for s >= 1: step s's at these n anchors, [B, n, nkv, D].
+    Scores are [.., n, start+n+k]. GQA without copying keys: the `group` query heads of one kv
+    head are one batch of queries."""
+    B, n, nh, D = q.shape
+    nkv, end = keys[0].shape[2], start + n
+    group = nh // nkv  # query head h reads kv head h // group
+    q = q.reshape(B, n, nkv, group, D).permute(0, 2, 3, 1, 4) / math.sqrt(D)  # [B, nkv, group, n, D]
+    k0 = keys[0][:, :end].transpose(1, 2)  # [B, nkv, end, D]
+    v0 = values[0][:, :end].transpose(1, 2)
+    causal = (q.reshape(B, nkv, group * n, D) @ k0.transpose(-1, -2)).view(B, nkv, group, n, end)
+    future = torch.arange(end, device=q.device) > torch.arange(start, end, device=q.device)[:, None]  # [n, end]
     causal = causal.masked_fill(future, float("-inf"))
-    diagonal = [(q * repeat_kv(k, nh).transpose(1, 2)).sum(-1, keepdim=True) for k in keys[1:]]
-    scores = torch.cat([causal, *diagonal], dim=-1)  # [B, nh, T, T + k]
+    diagonal = [(q * k.transpose(1, 2)[:, :, None]).sum(-1, keepdim=True) for k in keys[1:]]  # [B, nkv, group, n, 1]
+    scores = torch.cat([causal, *diagonal], dim=-1)  # [B, nkv, group, n, end + k]
     probs = scores.float().softmax(-1).to(q.dtype)
-    out = probs[..., :T] @ v0  # [B, nh, T, D]
+    out = (probs[..., :end].reshape(B, nkv, group * n, end) @ v0).view(B, nkv, group, n, D)
     for s, v in enumerate(values[1:]):
-        out = out + probs[..., T + s, None] * repeat_kv(v, nh).transpose(1, 2)
-    return out.transpose(1, 2)
+        out = out + probs[..., end + s, None] * v.transpose(1, 2)[:, :, None]
+    return out.permute(0, 3, 1, 2, 4).reshape(B, n, nh, D)
+
+
+def ttt_attend(keys, values, step):
+    """The `attend` of TTT step `step`: it stores the step's keys and values at index `step` of
+    the lists and attends those of steps 0..step. Storing by index, not appending, lets a
+    checkpointed layer run again in backward: the rerun rewrites its own entry with equal values."""
+
+    def attend(q, k, v):
+        keys[step], values[step] = k, v
+        return ttt_attention(q, keys[: step + 1], values[: step + 1])
+
+    return attend
+
+
+def cached_attend(cache, start):
+    """The `attend` of every step for the anchors from `start` of one chunk, drafting over a KV
+    cache as vLLM's drafter does: `cache` ([keys, values], empty at first) holds step 0's of every
+    earlier anchor, and step 0 of this chunk extends it; step k attends the cache up to its own
+    anchor and steps 1..k's keys at that anchor (ttt_attention's mask, chunk by chunk). Call the
+    chunk's steps in order, step 0 first."""
+    steps = []  # this chunk's (keys, values), step 0's first
+
+    def attend(q, k, v):
+        steps.append((k, v))
+        if len(steps) == 1:  # step 0 extends the cache
+            cache[:] = [torch.cat([*cache[:1], k], 1), torch.cat([*cache[1:], v], 1)]
+        later = steps[1:]
+        return ttt_attention_block(q, [cache[0], *(key for key, _ in later)], [cache[1], *(value for _, value in later)],
+                                   start)
+
+    return attend
 
 
 class Attention(nn.Module):
@@ -271,6 +333,10 @@ class DecoderLayer(nn.Module):
 
 
 class Drafter(nn.Module):
+    # Execution switch, not part of the config: True reruns the decoder layer in backward
+    # instead of keeping its activations (training with grad on only).
+    activation_checkpointing = False
+
     def __init__(self, config):
         super().__init__()
         c = self.config = config
@@ -290,7 +356,11 @@ class Drafter(nn.Module):
     def step(self, input_ids, hidden, positions, attend):
         """One draft step: input_ids [B, T], hidden [B, T, H] at `positions`
         -> (logits [B, T, N], the pre-norm output [B, T, H] that the next step reads)."""
-        out = self.layers[0](self.embed_tokens(input_ids), hidden, positions, attend)
+        embeds = self.embed_tokens(input_ids).to(self.fc.weight.dtype)  # the frozen embedding is in the target's dtype
+        if self.activation_checkpointing and torch.is_grad_enabled():
+            out = checkpoint(self.layers[0], embeds, hidden, positions, attend, use_reentrant=False)
+        else:
+            out = self.layers[0](embeds, hidden, positions, attend)
         return self.lm_head(self.norm(out)), out
 
     def forward(self, input_ids, aux_hidden_states, num_steps):
@@ -304,16 +374,10 @@ class Drafter(nn.Module):
         T = input_ids.shape[1]
         positions = torch.arange(T, device=input_ids.device)
         hidden = self.fc(aux_hidden_states)  # [B, T, H]
-        keys, values = [], []
-
-        def attend(q, k, v):
-            keys.append(k)
-            values.append(v)
-            return ttt_attention(q, keys, values)
-
+        keys, values = [None] * num_steps, [None] * num_steps  # step s's [B, T, nkv, D], after RoPE
         logits = []
         for k in range(num_steps):
             tokens = shift_left(input_ids, k + 1, 0)
-            step_logits, hidden = self.step(tokens, hidden, positions + k, attend)
+            step_logits, hidden = self.step(tokens, hidden, positions + k, ttt_attend(keys, values, k))
             logits.append(step_logits)
         return logits

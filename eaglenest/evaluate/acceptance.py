@@ -10,19 +10,39 @@ drafting as long as the drafts are accepted, which is all that counts here.
 
 import torch
 
-from eaglenest.drafter.model import shift_left
+from eaglenest.drafter.model import cached_attend, shift_left
+
+# Anchors drafted at once: a chunk holds [B, ANCHOR_CHUNK, N] logits and [.., ANCHOR_CHUNK, T]
+# scores, where the TTT forward over whole samples would hold [B, T, N] logits per step.
+ANCHOR_CHUNK = 256
 
 
 @torch.no_grad()
-def accepted_lengths(drafter, batch, num_speculative_tokens):
+def chain_drafts(drafter, ids, aux, num_speculative_tokens, chunk=ANCHOR_CHUNK):
+    """What the TTT forward drafts, `chunk` anchors at a time over a KV cache (cached_attend):
+    per step k, [B, T] target ids (step k's argmax at every anchor). ids [B, T], aux [B, T, 3Ht]
+    in any dtype (a chunk's is cast where it enters fc): memory grows with T, not T² nor T × N."""
+    drafts = [torch.zeros_like(ids) for _ in range(num_speculative_tokens)]
+    reads = [shift_left(ids, k + 1, 0) for k in range(num_speculative_tokens)]  # step k at anchor t reads x_{t+k+1}
+    positions, cache = torch.arange(ids.shape[1], device=ids.device), []
+    for start in range(0, ids.shape[1], chunk):
+        span = slice(start, start + chunk)
+        hidden = drafter.fc(aux[:, span].to(drafter.fc.weight.dtype))
+        attend = cached_attend(cache, start)
+        for k in range(num_speculative_tokens):
+            logits, hidden = drafter.step(reads[k][:, span], hidden, positions[span] + k, attend)
+            drafts[k][:, span] = drafter.draft_to_target(logits.argmax(-1))
+    return drafts
+
+
+@torch.no_grad()
+def accepted_lengths(drafter, batch, num_speculative_tokens, chunk=ANCHOR_CHUNK):
     """-> (anchors [B, T] bool, accepted [B, T]: tokens accepted of the K drafted at anchor t)."""
     ids, generated = batch["input_ids"], batch["loss_mask"]
-    logits = drafter(ids, batch["aux_hidden_states"], num_speculative_tokens)
     anchors = shift_left(generated, 1, False) & shift_left(generated, 2, False)
     chain = anchors.clone()
     lengths = torch.zeros_like(ids)
-    for k, step_logits in enumerate(logits):
-        drafted = drafter.draft_to_target(step_logits.argmax(-1))  # [B, T] target ids
+    for k, drafted in enumerate(chain_drafts(drafter, ids, batch["aux_hidden_states"], num_speculative_tokens, chunk)):
         chain &= (drafted == shift_left(ids, k + 2, -1)) & shift_left(generated, k + 2, False)
         lengths += chain
     return anchors, lengths

@@ -20,7 +20,7 @@ import torch
 
 from eaglenest.data.target import read_target_embedding
 from eaglenest.data.vocab import load_vocab
-from eaglenest.drafter.load import load_drafter
+from eaglenest.drafter.load import drafter_from_state, load_drafter
 from eaglenest.drafter.model import DrafterConfig
 from eaglenest.evaluate.acceptance import acceptance, acceptance_fields, accepted_lengths, served_anchors
 from eaglenest.evaluate.agreement_states import AgreementStates, layer_misreadings
@@ -67,7 +67,7 @@ def offline_acceptances(states, variants, K, device):
             batch = {
                 "input_ids": sample["input_ids"][None].to(device),
                 "loss_mask": sample["loss_mask"][None].to(device),
-                "aux_hidden_states": sample["aux_hidden_states"][:, cols][None].float().to(device),
+                "aux_hidden_states": sample["aux_hidden_states"][:, cols][None].to(device),
             }
             anchors, accepted = accepted_lengths(drafter, batch, K)
             drafted += served_anchors(anchors[0].tolist(), accepted[0].tolist())
@@ -87,10 +87,11 @@ def misreadings(drafter, aux_layer_ids, num_layers):
 
 
 def load_drafter_copy(drafter, **changes):
-    """A copy of `drafter` with DrafterConfig fields `changes` (e.g. a flipped norm flag)."""
-    copy = type(drafter)(dataclasses.replace(drafter.config, **changes)).to(drafter.d2t.device)
-    copy.load_state_dict(drafter.state_dict())
-    return copy.eval()
+    """`drafter` with DrafterConfig fields `changes` (e.g. a flipped norm flag): its weights, the
+    embedding above all, shared rather than copied; vocab maps of its own (a misreading may change them)."""
+    state = drafter.state_dict()
+    state["d2t"], state["t2d"] = state["d2t"].clone(), state["t2d"].clone()
+    return drafter_from_state(dataclasses.replace(drafter.config, **changes), state).eval()
 
 
 def check_agreement(online, offline, tolerance, diagnose):

@@ -7,13 +7,12 @@ target's greedy output; for sampled data it estimates acceptance against those s
 
 import logging
 
-
 from eaglenest.data.samples import is_heldout
 from eaglenest.data.target import read_target_embedding
 from eaglenest.drafter.load import load_drafter
 from eaglenest.evaluate.acceptance import acceptance, accepted_lengths, served_anchors
 from eaglenest.states.manifest import read_manifest
-from eaglenest.states.shards import ShardSamples, check_shards, collate
+from eaglenest.states.shards import ShardSamples, check_shards, collate, length_batches
 from eaglenest.workflow.atomic import write_json
 from eaglenest.workflow.device import torch_device
 
@@ -29,7 +28,7 @@ def evaluate_offline(
     *,
     heldout_fraction,
     num_speculative_tokens,
-    batch_size=8,
+    max_tokens_per_batch=4096,
     device=None,
 ):
     """Write the acceptance of `drafter_dir` on the held-out samples as JSON; return it.
@@ -41,6 +40,9 @@ def evaluate_offline(
     on the same greedy data (on a tiny target they matched vLLM CPU's exactly, except that
     vLLM also verifies drafts past max_tokens, which the data cannot). Acceptance clusters, so
     the every-anchor rates read higher than the served ones.
+
+    The samples go through in batches of similar length within `max_tokens_per_batch` padded
+    tokens (speed only: each sample's drafts are its own, so the figures do not change).
     """
     device = torch_device(device)
     manifest = read_manifest(manifest_path)
@@ -53,9 +55,11 @@ def evaluate_offline(
     K = num_speculative_tokens
 
     every, served, generated = [], [], 0
-    for start in range(0, len(samples), batch_size):
-        batch = collate([samples[i] for i in range(start, min(start + batch_size, len(samples)))])
-        anchors, lengths = accepted_lengths(drafter, {k: t.to(device) for k, t in batch.items()}, K)
+    sizes = [end - start for _, start, end, _ in samples.index]
+    for indices in length_batches(range(len(samples)), sizes, max_tokens_per_batch):
+        batch = collate([samples[i] for i in indices])  # in the stored dtype: float32 on the device
+        batch = {k: t.to(device).float() if t.is_floating_point() else t.to(device) for k, t in batch.items()}
+        anchors, lengths = accepted_lengths(drafter, batch, K)
         for sample_anchors, sample_lengths in zip(anchors.tolist(), lengths.tolist()):
             every += [a for a, is_anchor in zip(sample_lengths, sample_anchors) if is_anchor]
             served += served_anchors(sample_anchors, sample_lengths)

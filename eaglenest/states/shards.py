@@ -148,15 +148,40 @@ def read_shard(path):
 
 def collate(samples):
     """Right-pad samples into one batch: input_ids [B, T], loss_mask [B, T] (False on padding),
-    aux_hidden_states [B, T, 3Ht] and final_hidden_states [B, T, H] as float32."""
+    aux_hidden_states [B, T, 3Ht] and final_hidden_states [B, T, H] in their stored dtype (bf16
+    at scale: half the bytes of float32 to pad, pin and move; the step casts on its device)."""
     T = max(len(s["input_ids"]) for s in samples)
     batch = {}
     for key in TENSOR_KEYS:
         first = samples[0][key]
-        dtype = torch.float32 if first.is_floating_point() else first.dtype
-        out = torch.zeros(len(samples), T, *first.shape[1:], dtype=dtype)
+        out = torch.zeros(len(samples), T, *first.shape[1:], dtype=first.dtype)
         for i, s in enumerate(samples):
             out[i, : len(s[key])] = s[key]
         batch[key] = out
     return batch
 
+
+def budget_batches(indices, lengths, max_tokens):
+    """`indices`, in order, cut into runs whose count × longest length stays within max_tokens
+    (a sample longer than that alone)."""
+    batches, batch, longest = [], [], 0
+    for i in indices:
+        if batch and (len(batch) + 1) * max(longest, lengths[i]) > max_tokens:
+            batches.append(batch)
+            batch, longest = [], 0
+        batch.append(i)
+        longest = max(longest, lengths[i])
+    return batches + [batch] if batch else batches
+
+
+def length_batches(indices, lengths, max_tokens, window=None):
+    """Batches of sample indices by token budget, for training (eaglenest.train.batches) and
+    evaluate_offline: budget_batches of `indices` sorted by length within consecutive windows of
+    `window` samples (None: all in one), so little is padding; ties keep their order."""
+    indices = list(indices)
+    window = window or max(len(indices), 1)
+    batches = []
+    for start in range(0, len(indices), window):
+        batches += budget_batches(sorted(indices[start : start + window], key=lengths.__getitem__), lengths,
+                                  max_tokens)
+    return batches

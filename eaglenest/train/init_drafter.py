@@ -110,16 +110,18 @@ def init_from_checkpoint(drafter, state, target_lm_head):
     their_row = torch.full((V,), -1, dtype=torch.int64)
     their_row[their_ids] = torch.arange(len(their_ids))
     rows = their_row[our_ids]
-    lm_head = target_lm_head[our_ids].clone()
+    lm_head = own["lm_head.weight"]  # the draft rows, in the drafter's dtype: never the whole target head
+    lm_head.copy_(target_lm_head[our_ids.to(target_lm_head.device)])
     lm_head[rows >= 0] = state["lm_head.weight"][rows[rows >= 0]].to(lm_head.dtype)
-    own["lm_head.weight"].copy_(lm_head)
     return int((rows >= 0).sum())
 
 
 def new_drafter(target_dir, manifest, d2t, t2d, head, *, seed, init_from=None, geometry=None):
-    """The drafter training starts from, on the CPU: weights drawn from `seed`, the target's
-    embedding, the vocab maps, and lm_head rows from an init_from checkpoint (see
-    init_from_checkpoint) or else the target lm_head's rows of the draft vocab."""
+    """The drafter training starts from, on the CPU but for its embedding: weights drawn from
+    `seed`, the vocab maps, lm_head rows from an init_from checkpoint (see init_from_checkpoint)
+    or else the target lm_head's rows of the draft vocab, and as embed_tokens the head's own
+    tensor (TargetHead: on its device, in the target's dtype), frozen and shared, never copied:
+    the optimizer, built over the parameters that require grad, never sees it."""
     init_config = init_state = None
     if init_from is not None:
         init_config, init_state = read_checkpoint(init_from)
@@ -128,11 +130,11 @@ def new_drafter(target_dir, manifest, d2t, t2d, head, *, seed, init_from=None, g
     drafter = Drafter(config)
     drafter.d2t.copy_(d2t)
     drafter.t2d.copy_(t2d)
-    drafter.embed_tokens.weight.data.copy_(head.embed_tokens)
+    drafter.embed_tokens.weight = torch.nn.Parameter(head.embed_tokens, requires_grad=False)
     if init_state is not None:
-        shared = init_from_checkpoint(drafter, init_state, head.lm_head.cpu())
+        shared = init_from_checkpoint(drafter, init_state, head.lm_head)
         log.info("init_from %s: %d/%d lm_head rows reused", init_from, shared, len(d2t))
     else:
         draft_ids = drafter.draft_to_target(torch.arange(len(d2t)))
-        drafter.lm_head.weight.data.copy_(head.lm_head[draft_ids])
+        drafter.lm_head.weight.data.copy_(head.lm_head[draft_ids.to(head.lm_head.device)])
     return drafter

@@ -1,14 +1,20 @@
 """The training loop: an EAGLE-3 drafter trained on packed hidden-state shards with
 training-time test (TTT; the loss: eaglenest.train.loss, docs/CONVENTIONS.md "Drafter").
 
-The sample order is a pure function of (seed, epoch) and the loop state is (drafter,
-optimizer, scheduler, RNG, Progress), so a killed run resumes from its last periodic
-checkpoint (eaglenest.train.resume: restore them, skip the epoch's done batches) and ends as an
-uninterrupted one; DDP (eaglenest.train.launch) splits each batch's indices by rank, so the
-global batch and the results stay those of one process.
+Batches go by token budget (eaglenest.train.batches): micro-batches of similar lengths within
+train.max_tokens_per_batch padded tokens, and an optimizer step accumulates the gradients of
+consecutive ones until they hold train.tokens_per_step supervised tokens. The step lists are a
+pure function of (data, budgets, seed, epoch) and the loop state is (drafter, optimizer,
+scheduler, RNG, Progress), so a killed run resumes from its last periodic checkpoint
+(eaglenest.train.resume: restore them, skip the done optimizer steps) and ends as an
+uninterrupted one; with DDP (eaglenest.train.launch) the ranks take turns of each step's
+micro-batches, so the global batch and the results stay those of one process.
 """
 
+import contextlib
 import dataclasses
+import functools
+import itertools
 import logging
 import math
 import shutil
@@ -17,6 +23,7 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
+from safetensors import safe_open
 from torch.nn.parallel import DistributedDataParallel
 
 from eaglenest.data.samples import is_heldout
@@ -25,9 +32,10 @@ from eaglenest.data.vocab import load_vocab
 from eaglenest.drafter.export import write_drafter
 from eaglenest.states.manifest import read_manifest
 from eaglenest.states.shards import ShardSamples, check_shards, collate
+from eaglenest.train.batches import epoch_steps, rank_rounds, step_normalisers
 from eaglenest.train.init_drafter import new_drafter
 from eaglenest.train.launch import launch_workers
-from eaglenest.train.loss import global_sum, ttt_loss
+from eaglenest.train.loss import global_sum, step_means, ttt_loss
 from eaglenest.train.resume import CHECKPOINT, read_resume_checkpoint, restore_loop_state, run_key, save_loop_state
 from eaglenest.train.target_head import TargetHead
 from eaglenest.workflow.atomic import atomic_dir, atomic_path, write_json
@@ -61,14 +69,24 @@ class Run:
     rank: int
     world_size: int
     total_steps: int
-    steps_per_epoch: int
+    plan: object  # epoch -> its optimizer steps, each a list of micro-batches of sample indices
+    supervised: list  # per sample: its supervised (loss_mask) tokens
+    counts: list  # per sample: the positions TTT step k supervises, k < ttt_steps
 
 
-def epoch_batches(num_samples, batch_size, seed, epoch):
-    """Shuffled batches of sample indices, a pure function of (seed, epoch)."""
-    generator = torch.Generator().manual_seed(seed + 1_000_003 * epoch)
-    order = torch.randperm(num_samples, generator=generator).tolist()
-    return [order[i : i + batch_size] for i in range(0, num_samples, batch_size)]
+def supervision(samples, ttt_steps):
+    """(supervised tokens, [positions TTT step k supervises for each k]) per sample, from the
+    shards' loss_mask alone: a step's token count and loss normalisers are known before any of
+    its micro-batches is loaded. One shard's mask in memory at a time."""
+    supervised, counts = [], []
+    for path, entries in itertools.groupby(samples.index, key=lambda entry: entry[0]):
+        starts, ends = torch.tensor([[start, end] for _, start, end, _ in entries]).T
+        with safe_open(path, framework="pt") as f:
+            cumulative = torch.cat([torch.zeros(1, dtype=torch.int64), f.get_tensor("loss_mask").cumsum(0)])
+        supervised += (cumulative[ends] - cumulative[starts]).tolist()
+        shifted = torch.minimum(starts[:, None] + torch.arange(2, ttt_steps + 2), ends[:, None])  # x_{t+k+2}
+        counts += (cumulative[ends][:, None] - cumulative[shifted]).tolist()
+    return supervised, counts
 
 
 def lr_factor(step, warmup, total_steps):
@@ -95,17 +113,20 @@ def write_tsv(path, columns, rows):
 
 
 def train_drafter(shard_paths, manifest_path, d2t_path, t2d_path, target_dir, out_dir, log_path, *, seed, ttt_steps,
-                  step_weight_decay=0.8, epochs=1, max_steps=None, batch_size=8, lr=1e-4, warmup=0,
-                  heldout_fraction=0.0, init_from=None, drafter_geometry=None, max_grad_norm=0.5, log_every=10,
-                  verifier_name_or_path=None, export_dtype=None, num_workers=0, device=None,
-                  trained_config_path=None, resume_dir=None, checkpoint_every=50, num_processes=1, nnodes=1,
-                  launcher=""):
+                  step_weight_decay=0.8, epochs=1, max_steps=None, max_tokens_per_batch=8192,
+                  tokens_per_step=8192, lr=1e-4, warmup=0, heldout_fraction=0.0, init_from=None,
+                  drafter_geometry=None, max_grad_norm=0.5, log_every=10, verifier_name_or_path=None,
+                  export_dtype=None, num_workers=0, pin_memory=False, activation_checkpointing=False, bf16=None,
+                  device=None, trained_config_path=None, resume_dir=None, checkpoint_every=50, num_processes=1,
+                  nnodes=1, launcher=""):
     """Train a drafter; write it to out_dir (speculators format) and a TSV log, atomically.
 
     Trains max_steps optimizer steps if given, else `epochs` passes over the samples that are
-    not held out (see is_heldout). `init_from`: a pre-trained drafter dir, either format (see
-    eaglenest.train.init_drafter). `drafter_geometry`: the config's `drafter:` section, DrafterConfig
-    fields (num_attention_heads, head_dim, rope_scaling, ...) that replace the defaults unless None.
+    not held out (see is_heldout), batched by token budget (max_tokens_per_batch padded tokens a
+    micro-batch, tokens_per_step supervised tokens an optimizer step: eaglenest.train.batches).
+    `init_from`: a pre-trained drafter dir, either format (see eaglenest.train.init_drafter).
+    `drafter_geometry`: the config's `drafter:` section, DrafterConfig fields
+    (num_attention_heads, head_dim, rope_scaling, ...) that replace the defaults unless None.
     The TSV has one row per `log_every` steps: means over those steps of the loss, the step
     losses and the step accuracies (draft argmax = target argmax). Deterministic for a seed on
     CPU. `trained_config_path`: where to write the DrafterConfig as trained (JSON), what the
@@ -114,8 +135,11 @@ def train_drafter(shard_paths, manifest_path, d2t_path, t2d_path, target_dir, ou
     `resume_dir`: a directory of training's own (deleted on success). Every checkpoint_every
     steps the loop state goes there; a rerun of the same run (see run_key) resumes from it and
     ends as an uninterrupted run would. `num_processes` > 1: DDP over that many processes
-    launched by torchrun (cuda: one GPU each; else gloo on CPU), each batch split across them;
-    `nnodes` > 1: spread over that many nodes, one torchrun on each started by `launcher`.
+    launched by torchrun (cuda: one GPU each; else gloo on CPU), taking turns of each step's
+    micro-batches; `nnodes` > 1: spread over that many nodes, one torchrun on each started by
+    `launcher`.
+    Speed only: `num_workers` DataLoader workers, `pin_memory` (cuda), `activation_checkpointing`
+    (the drafter recomputes its activations in backward), `bf16` (autocast; None: on cuda only).
     """
     arguments = dict(locals())  # every argument: for the run key and for torchrun's workers
     distributed = dist.is_available() and dist.is_initialized()
@@ -126,9 +150,11 @@ def train_drafter(shard_paths, manifest_path, d2t_path, t2d_path, target_dir, ou
         launch_workers(arguments)
         return
     run = start_run(shard_paths, manifest, d2t_path, t2d_path, target_dir, distributed, seed=seed,
-                    epochs=epochs, max_steps=max_steps, batch_size=batch_size, lr=lr, warmup=warmup,
-                    heldout_fraction=heldout_fraction, init_from=init_from, drafter_geometry=drafter_geometry,
-                    device=device)
+                    ttt_steps=ttt_steps, epochs=epochs, max_steps=max_steps,
+                    max_tokens_per_batch=max_tokens_per_batch, tokens_per_step=tokens_per_step, lr=lr,
+                    warmup=warmup, heldout_fraction=heldout_fraction, init_from=init_from,
+                    drafter_geometry=drafter_geometry, device=device)
+    run.drafter.activation_checkpointing = activation_checkpointing
     this_run = run_key(arguments) if resume_dir else None
     progress = Progress()
     state = read_resume_checkpoint(resume_dir, this_run) if resume_dir else None
@@ -138,9 +164,9 @@ def train_drafter(shard_paths, manifest_path, d2t_path, t2d_path, target_dir, ou
         log.info("resuming from step %d/%d (%s)", progress.step, run.total_steps, resume_dir)
     if distributed:  # after the restore, as DDP starts by broadcasting rank 0's weights
         run.model = DistributedDataParallel(run.drafter, device_ids=[run.device.index] if run.device.type == "cuda" else None)
-    train_steps(run, progress, this_run, batch_size=batch_size, seed=seed, ttt_steps=ttt_steps,
-                step_weight_decay=step_weight_decay, max_grad_norm=max_grad_norm, log_every=log_every,
-                num_workers=num_workers, resume_dir=resume_dir, checkpoint_every=checkpoint_every)
+    train_steps(run, progress, this_run, ttt_steps=ttt_steps, step_weight_decay=step_weight_decay,
+                max_grad_norm=max_grad_norm, log_every=log_every, num_workers=num_workers, pin_memory=pin_memory,
+                bf16=bf16, resume_dir=resume_dir, checkpoint_every=checkpoint_every)
     if run.rank > 0:
         return
     export_trained(run.drafter, target_dir, out_dir, trained_config_path, ttt_steps=ttt_steps,
@@ -150,10 +176,11 @@ def train_drafter(shard_paths, manifest_path, d2t_path, t2d_path, target_dir, ou
         shutil.rmtree(resume_dir)
 
 
-def start_run(shard_paths, manifest, d2t_path, t2d_path, target_dir, distributed, *, seed, epochs, max_steps,
-              batch_size, lr, warmup, heldout_fraction, init_from, drafter_geometry, device):
-    """The Run of train_drafter's arguments: the target head, the training samples, the new
-    drafter on its device, AdamW with warmup and cosine decay."""
+def start_run(shard_paths, manifest, d2t_path, t2d_path, target_dir, distributed, *, seed, ttt_steps, epochs,
+              max_steps, max_tokens_per_batch, tokens_per_step, lr, warmup, heldout_fraction, init_from,
+              drafter_geometry, device):
+    """The Run of train_drafter's arguments: the target head, the training samples and their
+    step lists, the new drafter on its device, AdamW with warmup and cosine decay."""
     rank, world_size = (dist.get_rank(), dist.get_world_size()) if distributed else (0, 1)
     device = torch_device(device)
     d2t, t2d = load_vocab(d2t_path, t2d_path)
@@ -166,56 +193,52 @@ def start_run(shard_paths, manifest, d2t_path, t2d_path, target_dir, distributed
     drafter.to(device).train()
     params = [p for p in drafter.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=lr, betas=(0.9, 0.95), weight_decay=0.0)
-    steps_per_epoch = math.ceil(len(samples) / batch_size)
-    total_steps = max_steps if max_steps is not None else epochs * steps_per_epoch
+    supervised, counts = supervision(samples, ttt_steps)
+    lengths = [end - start for _, start, end, _ in samples.index]
+    plan = functools.partial(epoch_steps, lengths, supervised, max_tokens_per_batch, tokens_per_step, seed)
+    total_steps = max_steps if max_steps is not None else sum(len(plan(epoch)) for epoch in range(epochs))
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: lr_factor(step, warmup, total_steps))
     log.info("%d samples, %d steps, device %s, %d processes", len(samples), total_steps, device, world_size)
-    return Run(drafter, drafter, head, samples, optimizer, scheduler, device, rank, world_size, total_steps,
-               steps_per_epoch)
+    return Run(drafter, drafter, head, samples, optimizer, scheduler, device, rank, world_size, total_steps, plan,
+               supervised, counts)
 
 
-def epoch_loader(run, batches, num_workers):
-    """(this rank's share of each batch, its collated batch) for `batches` of sample indices.
-
-    A rank without a sample of a (last, small) batch takes a masked copy of one: it adds
-    nothing but still joins DDP's gradient all-reduce. Own generator: the worker seeds the
-    loader draws leave the global RNG (saved in checkpoints) alone."""
-    shares = [indices[run.rank :: run.world_size] for indices in batches]
+def epoch_loader(run, steps, num_workers, pin_memory):
+    """(real, collated micro-batch) for each of this rank's rounds of `steps`, in order (see
+    batches.rank_rounds; a dummy, real False, is masked by the step). Own generator: the worker
+    seeds the loader draws leave the global RNG (saved in checkpoints) alone."""
+    rounds = [turn for step in steps for turn in rank_rounds(step, run.rank, run.world_size)]
     loader = torch.utils.data.DataLoader(
         run.samples,
-        batch_sampler=[share or indices[:1] for share, indices in zip(shares, batches)],
+        batch_sampler=[indices for _, indices in rounds],
         collate_fn=collate,
         num_workers=num_workers,
+        pin_memory=pin_memory and run.device.type == "cuda",
         generator=torch.Generator(),
     )
-    return zip(shares, loader)
+    return zip([real for real, _ in rounds], loader)
 
 
-def train_steps(run, progress, this_run, *, batch_size, seed, ttt_steps, step_weight_decay, max_grad_norm,
-                log_every, num_workers, resume_dir, checkpoint_every):
+def train_steps(run, progress, this_run, *, ttt_steps, step_weight_decay, max_grad_norm, log_every, num_workers,
+                pin_memory, bf16, resume_dir, checkpoint_every):
     """Optimizer steps from progress.step to run.total_steps, logging every `log_every` steps
     and checkpointing every `checkpoint_every` (rank 0, into resume_dir)."""
-    autocast = torch.autocast(run.device.type, dtype=torch.bfloat16, enabled=run.device.type == "cuda")
-    params = [p for p in run.drafter.parameters() if p.requires_grad]
+    bf16 = run.device.type == "cuda" if bf16 is None else bf16
     elapsed_before, start, first_step = progress.elapsed, time.time(), progress.step
+    epoch, done = 0, progress.step  # resumed: skip the done epochs, then the epoch's done steps
     while progress.step < run.total_steps:
-        epoch, done = divmod(progress.step, run.steps_per_epoch)  # resumed: skip the epoch's done batches
-        batches = epoch_batches(len(run.samples), batch_size, seed, epoch)[done:][: run.total_steps - progress.step]
-        for share, batch in epoch_loader(run, batches, num_workers):
-            batch = {key: t.to(run.device) for key, t in batch.items()}
-            if not share:
-                batch["loss_mask"].zero_()
-            with autocast:
-                loss, value, step_losses, step_accs = ttt_loss(
-                    run.model, batch, run.head, run.drafter.t2d, ttt_steps, step_weight_decay, run.world_size
-                )
-            run.optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(params, max_grad_norm)
-            run.optimizer.step()
-            run.scheduler.step()
+        steps = run.plan(epoch)
+        if done >= len(steps):
+            epoch, done = epoch + 1, done - len(steps)
+            continue
+        steps = steps[done:][: run.total_steps - progress.step]
+        rounds = iter(epoch_loader(run, steps, num_workers, pin_memory))
+        for step in steps:
+            turns = list(itertools.islice(rounds, len(rank_rounds(step, run.rank, run.world_size))))
+            value, step_losses, step_accs = optimizer_step(run, step, turns, bf16, ttt_steps, step_weight_decay,
+                                                           max_grad_norm)
             progress.step += 1
-            progress.tokens += int(global_sum(batch["loss_mask"].sum(), run.world_size))
+            progress.tokens += sum(run.supervised[i] for batch in step for i in batch)
             progress.window.append([value, *step_losses, *step_accs])
             progress.elapsed = elapsed_before + time.time() - start
             if progress.step % log_every == 0 or progress.step == run.total_steps:
@@ -223,6 +246,38 @@ def train_steps(run, progress, this_run, *, batch_size, seed, ttt_steps, step_we
             if resume_dir and run.rank == 0 and progress.step % checkpoint_every == 0 and progress.step < run.total_steps:
                 save_loop_state(Path(resume_dir) / CHECKPOINT, run.drafter, run.optimizer, run.scheduler, run.device,
                                 run_key=this_run, **dataclasses.asdict(progress))
+        epoch, done = epoch + 1, 0
+
+
+def optimizer_step(run, step, turns, bf16, ttt_steps, step_weight_decay, max_grad_norm):
+    """One optimizer step over this rank's `turns` of the step's micro-batches: their gradients
+    accumulate (DDP all-reduces once, at the last), each loss normalised over the whole step
+    (loss.soft_ce_loss). -> the step's weighted loss, step losses and accuracies (all ranks').
+
+    The hidden states cross to the device in their stored dtype (bf16 at scale). Under bf16
+    autocast they stay so: the drafter's fc and the target head cast them to bf16 and to the
+    target's dtype, just as from float32 (the values are the same), and a float32 copy would
+    double their device memory. Without autocast they go float32 there, the drafter's dtype."""
+    normalisers = step_normalisers(step, run.counts)
+    stats = torch.zeros(ttt_steps, 3, dtype=torch.float64, device=run.device)
+    run.optimizer.zero_grad(set_to_none=True)
+    for i, (real, batch) in enumerate(turns):
+        batch = {key: t.to(run.device, non_blocking=True) for key, t in batch.items()}
+        if not bf16:
+            batch.update({key: t.float() for key, t in batch.items() if t.is_floating_point()})
+        if not real:
+            batch["loss_mask"].zero_()
+        sync = i == len(turns) - 1 or run.world_size == 1
+        with contextlib.nullcontext() if sync else run.model.no_sync():
+            with torch.autocast(run.device.type, dtype=torch.bfloat16, enabled=bf16):
+                loss, micro_stats = ttt_loss(run.model, batch, run.head, run.drafter.t2d, ttt_steps,
+                                             step_weight_decay, normalisers, run.world_size)
+            loss.backward()
+        stats += micro_stats
+    torch.nn.utils.clip_grad_norm_([p for p in run.drafter.parameters() if p.requires_grad], max_grad_norm)
+    run.optimizer.step()
+    run.scheduler.step()
+    return step_means(global_sum(stats, run.world_size), step_weight_decay)
 
 
 def log_row(run, progress, epoch, ttt_steps, rate):

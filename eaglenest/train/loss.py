@@ -18,31 +18,47 @@ def global_sum(tensor, world_size):
     return tensor
 
 
-def ttt_loss(model, batch, head, t2d, num_steps, step_weight_decay, world_size=1):
-    """Weighted TTT loss -> (loss to backpropagate, its value, per-step mean losses, per-step
-    accuracies vs the target's argmax), each step averaged over its supervised positions.
-
-    The means are over the global batch: with DDP each rank divides its sums by the counts of
-    all ranks and scales by world_size, so DDP's gradient average is one process's gradient."""
+def ttt_loss(model, batch, head, t2d, num_steps, step_weight_decay, normalisers, world_size=1):
+    """The weighted TTT loss of one micro-batch -> (loss to backpropagate, stats for the log:
+    see soft_ce_loss). `normalisers`: see soft_ce_loss. Scaled by world_size: DDP averages the
+    ranks' gradients, so the average is then their sum, one process's gradient of the step."""
     probs, in_vocab = head.distribution(batch["final_hidden_states"], t2d)  # [B, T, N]
     logits = model(batch["input_ids"], batch["aux_hidden_states"], num_steps)
-    T = batch["input_ids"].shape[1]
-    ce_sums, stats = [], []
+    loss, stats = soft_ce_loss(logits, probs, in_vocab, batch["loss_mask"], normalisers, step_weight_decay)
+    return loss * world_size, stats
+
+
+def soft_ce_loss(logits, probs, in_vocab, loss_mask, normalisers, step_weight_decay):
+    """sum_k step_weight_decay**k * (step k's soft-CE sum over its positions) / normalisers[k]
+    -> (that loss, stats [K, 3] float64: per step the CE sum, the count of positions and of
+    correct argmaxes, over the supervised in-vocab positions).
+
+    normalisers[k] counts the positions step k supervises (x_{t+k+2} generated) over the whole
+    optimizer step: all its micro-batches, on all ranks. It comes from the data's loss_mask
+    alone, so it is known before the first micro-batch's backward and the micro-batches'
+    gradients sum to the step's; positions whose target argmax is outside the draft vocab count
+    in it but add no loss (that is known only once the target head ran). The log's means divide
+    by the in-vocab counts instead (step_means)."""
+    T = loss_mask.shape[1]
+    loss, stats = 0.0, []
     for k, step_logits in enumerate(logits):
         n = max(T - k - 2, 0)  # anchors t whose predicted token x_{t+k+2} is in the batch
         target = probs[:, k + 1 : k + 1 + n]  # target's distribution of x_{t+k+2}
-        mask = batch["loss_mask"][:, k + 2 :] & in_vocab[:, k + 1 : k + 1 + n]
+        mask = loss_mask[:, k + 2 :] & in_vocab[:, k + 1 : k + 1 + n]
         step_logits = step_logits[:, :n]
         ce = -(target * step_logits.log_softmax(-1)).sum(-1)  # [B, n]
         correct = (step_logits.argmax(-1) == target.argmax(-1)) & mask
-        ce_sums.append((ce * mask).sum())
-        stats.append(torch.stack([ce_sums[-1].detach(), mask.sum(), correct.sum()]).double())
-    ce_total, counts, corrects = global_sum(torch.stack(stats), world_size).T.tolist()
+        ce_sum = (ce * mask).sum()
+        loss = loss + step_weight_decay**k * (ce_sum / normalisers[k])
+        stats.append(torch.stack([ce_sum.detach(), mask.sum(), correct.sum()]).double())
+    return loss, torch.stack(stats)
+
+
+def step_means(stats, step_weight_decay):
+    """Summed stats of an optimizer step -> (the weighted loss, per-step mean losses, per-step
+    accuracies vs the target's argmax), means over the supervised in-vocab positions."""
+    ce_total, counts, corrects = stats.T.tolist()
     counts = [max(count, 1) for count in counts]
-    loss = 0.0
-    for k, (ce_sum, count) in enumerate(zip(ce_sums, counts)):
-        loss = loss + step_weight_decay**k * (ce_sum / count)
     step_losses = [c / count for c, count in zip(ce_total, counts)]
     value = sum(step_weight_decay**k * step_loss for k, step_loss in enumerate(step_losses))
-    step_accs = [c / count for c, count in zip(corrects, counts)]
-    return loss * world_size, value, step_losses, step_accs
+    return value, step_losses, [c / count for c, count in zip(corrects, counts)]

@@ -1,5 +1,9 @@
 """The target's head as training uses it: its final norm and lm_head give the distribution the
-drafter learns, and its embed_tokens is the drafter's (frozen)."""
+drafter learns, and its embed_tokens is the drafter's (frozen, shared: eaglenest.train.init_drafter).
+
+Everything stays in the dtype the target stores it in (bf16 for Kimi-K2.5: 2 × 2.3 GB; a float32
+copy would double that, per copy), on the training device; only one chunk of tokens' logits
+exists at a time."""
 
 import torch
 
@@ -8,36 +12,44 @@ from eaglenest.drafter.model import RMSNorm
 
 
 class TargetHead:
-    """The target's embed_tokens, final norm and lm_head (float32), read from its checkpoint.
+    """The target's embed_tokens, final norm and lm_head, in their stored dtype, read from its checkpoint.
 
     As transformers loads it: its own lm_head.weight when the checkpoint has one, else embed_tokens
-    when the config ties them (in the text model's config or a multimodal wrapper's)."""
+    when the config ties them (in the text model's config or a multimodal wrapper's). The norm and
+    lm_head run in lm_head's dtype (the training dtype: the target's own), as the target does."""
 
     def __init__(self, target_dir, device="cpu"):
         text_config = target_config(target_dir)
         names = ("model.embed_tokens.weight", "model.norm.weight", "lm_head.weight")
         tensors = read_target_tensors(target_dir, names)
-        self.embed_tokens = tensors["model.embed_tokens.weight"].float().to(device)  # [V, H]
+        self.embed_tokens = tensors["model.embed_tokens.weight"].to(device)  # [V, H]
         if "lm_head.weight" in tensors:
-            self.lm_head = tensors["lm_head.weight"].float().to(device)  # [V, H]
+            self.lm_head = tensors["lm_head.weight"].to(device)  # [V, H]
         elif target_ties_embeddings(target_dir):
             self.lm_head = self.embed_tokens
         else:
             raise ValueError(f"{target_dir} has no lm_head.weight and untied embeddings")
+        self.dtype = self.lm_head.dtype
         hidden_size = self.embed_tokens.shape[1]
-        self.norm = RMSNorm(hidden_size, text_config.get("rms_norm_eps", 1e-6)).to(device)
-        self.norm.weight.data = tensors["model.norm.weight"].float().to(device)
+        self.norm = RMSNorm(hidden_size, text_config.get("rms_norm_eps", 1e-6))
+        self.norm.weight = torch.nn.Parameter(tensors["model.norm.weight"].to(device, self.dtype), requires_grad=False)
 
     @torch.no_grad()
     def distribution(self, final_hidden, t2d, chunk_tokens=4096):
-        """final_hidden [B, T, H] (pre-norm) -> (probs over the draft vocab [B, T, N],
+        """final_hidden [B, T, H] (pre-norm, any dtype) -> (float32 probs over the draft vocab [B, T, N],
         in_vocab [B, T]: the target's argmax over the whole vocab is a draft token).
-        Chunked over tokens so [tokens, V] logits never exist at once."""
+
+        Chunked over tokens so [tokens, V] logits never exist at once; a chunk's logits are in the
+        training dtype, only its draft-vocab columns go float32 for the softmax. Autocast is off:
+        the dtype is the target's, whatever the drafter trains under. Ties (two tokens of equal
+        bf16 logit) go to the lowest id, as torch.argmax and vLLM's greedy sampling pick: in_vocab
+        is False when the lowest maximal id is not a draft token, even if a higher tied one is
+        (docs/CONVENTIONS.md, "Drafter")."""
         B, T, _ = final_hidden.shape
         probs, in_vocab = [], []
-        with torch.autocast(final_hidden.device.type, enabled=False):  # argmax ties: stay fp32
+        with torch.autocast(final_hidden.device.type, enabled=False):
             for x in final_hidden.flatten(0, 1).split(chunk_tokens):
-                logits = self.norm(x) @ self.lm_head.T  # [n, V]
+                logits = self.norm(x.to(self.dtype)) @ self.lm_head.T  # [n, V], training dtype
                 in_vocab.append(t2d[logits.argmax(-1)])
-                probs.append(logits[:, t2d].softmax(-1))
+                probs.append(logits[:, t2d].float().softmax(-1))
         return torch.cat(probs).view(B, T, -1), torch.cat(in_vocab).view(B, T)

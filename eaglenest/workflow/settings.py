@@ -12,8 +12,11 @@ SPEED_ONLY = {
     # vLLM: how many GPUs, how much of their memory, batch limits, graphs and kernels
     "vllm": ("tensor_parallel_size", "gpu_memory_utilization", "enforce_eager", "attention_backend",
              "max_num_seqs", "max_num_batched_tokens"),
-    # training: where, in how many processes, how often a resume checkpoint is written
-    "train": ("device", "num_processes", "checkpoint_every"),
+    # training: where, in how many processes, how often a resume checkpoint is written, how the
+    # shards are read, whether activations are recomputed, bf16 autocast
+    "train": ("device", "num_processes", "checkpoint_every", "num_workers", "pin_memory", "activation_checkpointing",
+              "bf16"),
+    "eval": ("max_tokens_per_batch",),  # evaluate_offline's padded tokens per forward
     "hidden_states": ("device", "batch_tokens"),
 }
 

@@ -1,0 +1,169 @@
+"""Benchmark: training tokens/s of the real loop against a bare forward+backward of the same
+drafter on the same tokens (batches by token budget).
+
+One run, CPU, one torch thread, float32 compute, a small width with Kimi-K2.5's proportions
+(target hidden 256 and vocab 4,096: 16x wider than deep as Kimi's 7168/163,840 is 23x; drafter
+4 heads and 2 KV heads of 64, intermediate 688, draft vocab 1,024, K=3). 64 samples of 32 to
+1,024 random tokens (the first tenth a prompt), their states random bf16 in 2 shards written to
+a temp dir, as extraction stores them at scale. Budgets: micro-batches of 2,048 padded tokens,
+steps of 4,096 supervised tokens; one epoch, its steps as the loop plans them.
+  loop   `train_steps` of eaglenest.train.loop (DataLoader with num_workers 0 or 1, collate of
+         the shards' bf16 states, the cast on the device, the target head, the loss, backward,
+         clipping, AdamW, logging)
+  bare   the same micro-batches already collated in memory as float32, the target's
+         distribution precomputed (untimed): Drafter.forward + the same loss (soft_ce_loss) +
+         backward + AdamW step; no loader, no target head, no clipping
+Columns alternate, ROUNDS times each. Seconds and tokens/s are each column's median; the ratio
+is the median over rounds of bare/loop within the round (the machine is shared: a ratio of
+neighbouring passes cancels slow drifts of its load). Two more rows time the loop's own parts
+alone (reading + collate + cast; the target head) to say where time goes.
+
+    .venv/bin/python bench/train_throughput.py    # prints a Markdown table (~7 min on 2 cores)
+"""
+
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+NUM_SAMPLES = 64
+TARGET = dict(vocab_size=4096, hidden_size=256, intermediate_size=688, num_hidden_layers=8, num_attention_heads=4,
+              num_key_value_heads=2, head_dim=64, tie_word_embeddings=False)
+DRAFT_VOCAB = 1024
+BUDGETS = dict(max_tokens_per_batch=2048, tokens_per_step=4096)
+K, DECAY = 3, 0.8
+ROUNDS = 5
+
+
+def write_data(root):
+    """The target (random), 2 shards of random bf16 states, the manifest and vocab maps."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from eaglenest.data.vocab import count_tokens, draft_maps, select_draft_vocab
+    from eaglenest.states.manifest import write_manifest
+    from eaglenest.states.shards import write_shard
+    from eaglenest.workflow.atomic import save_torch
+
+    torch.manual_seed(0)
+    LlamaForCausalLM(LlamaConfig(**TARGET)).save_pretrained(root / "target")
+    H, V = TARGET["hidden_size"], TARGET["vocab_size"]
+    lengths = torch.randint(32, 1025, (NUM_SAMPLES,)).tolist()
+    samples = [{
+        "id": f"t{i}", "input_ids": torch.randint(0, V, (n,)),
+        "loss_mask": torch.arange(n) >= n // 10,
+        "aux_hidden_states": torch.randn(n, 3 * H).bfloat16(),
+        "final_hidden_states": (2 * torch.randn(n, H)).bfloat16(),
+    } for i, n in enumerate(lengths)]
+    shards = [root / "shard_0.safetensors", root / "shard_1.safetensors"]
+    for shard, part in zip(shards, (samples[::2], samples[1::2])):
+        write_shard(shard, part, hidden_size=H, dtype=torch.bfloat16)
+    write_manifest(shards, root / "target", root / "manifest.json", aux_layer_ids=None, dtype="bfloat16")
+    counts = count_tokens([{"input_ids": s["input_ids"].tolist(), "loss_mask": s["loss_mask"].tolist()}
+                           for s in samples], V)
+    for name, tensor in zip(("d2t.pt", "t2d.pt"), draft_maps(select_draft_vocab(counts, DRAFT_VOCAB), V)):
+        save_torch(root / name, tensor)
+    return shards
+
+
+def timed(fn):
+    start = time.perf_counter()
+    fn()
+    return time.perf_counter() - start
+
+
+def loop_pass(run, num_workers):
+    """One epoch of the real loop from step 0."""
+    from eaglenest.train.loop import Progress, train_steps
+
+    train_steps(run, Progress(), None, ttt_steps=K, step_weight_decay=DECAY, max_grad_norm=0.5, log_every=10**9,
+                num_workers=num_workers, pin_memory=False, bf16=False, resume_dir=None, checkpoint_every=10**9)
+
+
+def bare_inputs(run, steps):
+    """Per step: its normalisers and its micro-batches as float32 tensors with the target's
+    distribution, computed here (untimed)."""
+    from eaglenest.states.shards import collate
+    from eaglenest.train.batches import step_normalisers
+
+    inputs = []
+    for step in steps:
+        batches = []
+        for indices in step:
+            batch = collate([run.samples[i] for i in indices])
+            batch = {k: t.float() if t.is_floating_point() else t for k, t in batch.items()}
+            probs, in_vocab = run.head.distribution(batch["final_hidden_states"], run.drafter.t2d)
+            batches.append((batch["input_ids"], batch["aux_hidden_states"], batch["loss_mask"], probs, in_vocab))
+        inputs.append((step_normalisers(step, run.counts), batches))
+    return inputs
+
+
+def bare_pass(run, inputs):
+    """Forward + loss + backward per micro-batch, an AdamW step per optimizer step."""
+    from eaglenest.train.loss import soft_ce_loss
+
+    for normalisers, batches in inputs:
+        run.optimizer.zero_grad(set_to_none=True)
+        for ids, aux, mask, probs, in_vocab in batches:
+            loss, _ = soft_ce_loss(run.drafter(ids, aux, K), probs, in_vocab, mask, normalisers, DECAY)
+            loss.backward()
+        run.optimizer.step()
+
+
+def parts_alone(run, steps):
+    """Seconds of the loop's loader (read, collate, cast) and of its target head alone."""
+    from eaglenest.train.loop import epoch_loader
+
+    batches = []
+    loading = timed(lambda: batches.extend(
+        {k: t.float() if t.is_floating_point() else t for k, t in batch.items()}
+        for _, batch in epoch_loader(run, steps, 0, False)))
+    head = timed(lambda: [run.head.distribution(b["final_hidden_states"], run.drafter.t2d) for b in batches])
+    return loading, head
+
+
+def main():
+    from eaglenest.states.manifest import read_manifest
+    from eaglenest.train.loop import start_run
+
+    torch.set_num_threads(1)
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(tmp)
+        shards = write_data(root)
+        run = start_run(shards, read_manifest(root / "manifest.json"), root / "d2t.pt", root / "t2d.pt",
+                        root / "target", False, seed=0, ttt_steps=K, epochs=1, max_steps=None, lr=1e-4, warmup=0,
+                        heldout_fraction=0.0, init_from=None, drafter_geometry=None, device="cpu", **BUDGETS)
+        steps = run.plan(0)
+        micro = [b for step in steps for b in step]
+        lengths = [end - start for _, start, end, _ in run.samples.index]
+        tokens = sum(lengths)
+        padded = sum(len(b) * max(lengths[i] for i in b) for b in micro)
+        inputs = bare_inputs(run, steps)
+        bare_pass(run, inputs[:1])  # warm-up
+        seconds = {"loop, num_workers 0": [], "loop, num_workers 1": [], "bare": []}
+        for _ in range(ROUNDS):
+            seconds["bare"].append(timed(lambda: bare_pass(run, inputs)))
+            for workers in (0, 1):
+                seconds[f"loop, num_workers {workers}"].append(timed(lambda: loop_pass(run, workers)))
+        loading, head = parts_alone(run, steps)
+    bare = statistics.median(seconds["bare"])
+    print(f"seconds per round: {seconds}\n")
+    print(f"{NUM_SAMPLES} samples, {tokens:,} tokens ({padded / tokens - 1:.1%} padding), {len(micro)} micro-batches "
+          f"in {len(steps)} steps; CPU, 1 thread; medians of {ROUNDS}\n")
+    print("| | seconds | tokens/s | ratio to bare |")
+    print("|---|---|---|---|")
+    for name in ("bare", "loop, num_workers 0", "loop, num_workers 1"):
+        s = statistics.median(seconds[name])
+        ratio = statistics.median(b / t for b, t in zip(seconds["bare"], seconds[name]))
+        print(f"| {name} | {s:.2f} | {tokens / s:,.0f} | **{ratio:.2f}** |")
+    for name, s in (("loop's loader alone (read, collate, cast)", loading), ("loop's target head alone", head)):
+        print(f"| {name} | {s:.2f} | | {s / bare:.1%} of bare |")
+
+
+if __name__ == "__main__":
+    main()
