@@ -5,10 +5,10 @@ import torch
 from safetensors import safe_open
 
 from eaglenest.states.convention import default_aux_layer_ids, resolve_aux_layer_ids
-from eaglenest.states.hf import batches, extract_shard, extract_with, load_target
+from eaglenest.states.hf import extract_shard, extract_with, load_target
 from eaglenest.states.manifest import write_manifest
 from eaglenest.states.parts import shard_of
-from eaglenest.states.shards import read_shard
+from eaglenest.states.shards import length_batches, read_shard
 from eaglenest.workflow.errors import InputError
 
 SAMPLES = [
@@ -100,7 +100,8 @@ def test_batched_extraction_equals_one_at_a_time(target, demo_target, tmp_path):
     target_dir = demo_target if target == "demo" else tmp_path / "deepseek"
     model = load_target(target_dir, "float32", "cpu", trust_remote_code=False)
     samples = mixed_samples(model.config.vocab_size, [37, 5, 120, 64, 1, 90, 33, 7])
-    assert [len(batch) for batch in batches(samples, 6 * 120)] == [6, 2]  # 4 or more per forward (in order)
+    lengths = [len(sample["input_ids"]) for sample in samples]
+    assert [len(batch) for batch in length_batches(range(len(samples)), lengths, 6 * 120)] == [7, 1]  # 4 or more a forward
     one, batched = tmp_path / "one.safetensors", tmp_path / "batched.safetensors"
     extract_with(model, samples, one, aux_layer_ids=None, dtype="float32", batch_tokens=1)
     extract_with(model, samples, batched, aux_layer_ids=None, dtype="float32", batch_tokens=6 * 120)

@@ -12,7 +12,7 @@ import torch
 
 from eaglenest.data.target import target_config, target_is_wrapped, target_ties_embeddings, target_weight_prefix
 from eaglenest.states.convention import DTYPES, resolve_aux_layer_ids
-from eaglenest.states.shards import write_shard
+from eaglenest.states.shards import length_batches, write_shard
 from eaglenest.workflow.errors import InputError
 
 log = logging.getLogger(__name__)
@@ -113,21 +113,6 @@ def capture_batch(model, sequences, aux_layer_ids):
     return [(aux[row, :n], captured["final"][row, :n]) for row, n in enumerate(lengths)]
 
 
-def batches(samples, batch_tokens):
-    """Consecutive runs of `samples` whose padded size (count × longest) stays within
-    `batch_tokens` (a longer sample goes alone)."""
-    batch, longest = [], 0
-    for sample in samples:
-        n = len(sample["input_ids"])
-        if batch and (len(batch) + 1) * max(longest, n) > batch_tokens:
-            yield batch
-            batch, longest = [], 0
-        batch.append(sample)
-        longest = max(longest, n)
-    if batch:
-        yield batch
-
-
 def extract_shard(target_dir, samples, shard_path, *, aux_layer_ids, dtype, device, trust_remote_code,
                   batch_tokens=BATCH_TOKENS):
     """Extract hidden states of `samples` ({"id", "input_ids", "loss_mask"}) into one shard file."""
@@ -142,13 +127,13 @@ def extract_with(model, samples, shard_path, *, aux_layer_ids, dtype, batch_toke
     little is padding, and are written in their own order (speed only: the states equal
     one-at-a-time extraction within float rounding). layer_count: see resolve_aux_layer_ids."""
     aux_layer_ids = resolve_aux_layer_ids(aux_layer_ids, model.config.num_hidden_layers, layer_count)
-    order = sorted(range(len(samples)), key=lambda i: len(samples[i]["input_ids"]))
     rows, done = [None] * len(samples), 0
     start, tokens = time.monotonic(), 0
-    for batch in batches([samples[i] for i in order], batch_tokens):
+    for indices in length_batches(range(len(samples)), [len(sample["input_ids"]) for sample in samples], batch_tokens):
+        batch = [samples[i] for i in indices]
         sequences = [torch.tensor(sample["input_ids"], dtype=torch.int64) for sample in batch]
         states = capture_batch(model, sequences, aux_layer_ids)
-        for index, sample, input_ids, (aux, final) in zip(order[done:], batch, sequences, states):
+        for index, sample, input_ids, (aux, final) in zip(indices, batch, sequences, states):
             rows[index] = {
                 "id": sample["id"],
                 "input_ids": input_ids,
