@@ -1,0 +1,286 @@
+"""Benchmark: the training memory model (eaglenest.train.memory) against measured peaks, and what it
+says for Kimi-K2.5 on one 96 GB GPU.
+
+Measured: one training micro-step on CPU, in a fresh process per size, of real pieces with small
+random weights: a target written to a temp dir (config.json and model.safetensors: embed_tokens,
+norm, an untied lm_head, bf16), its TargetHead, the drafter new_drafter makes for it (geometry from
+make_drafter_config: the target's own attention and MLP), AdamW over its trainable parameters as
+start_run builds it, and a micro-batch as collate gives it (random states, stored bf16). The step
+is the loop's (eaglenest.train.loop.optimizer_step): the cast of the states to float32,
+ttt_loss (TargetHead.distribution, Drafter.forward with K = 3, the soft CE), backward, gradient
+clipping, AdamW's step. One such step runs first (it makes AdamW's moments and warms the kernels
+up), then the gradients are dropped as the loop's zero_grad(set_to_none) does, or kept to stand
+for the earlier micro-batches of an accumulating step. Then the RSS high-water mark is reset
+(/proc/self/clear_refs) and the measured step runs: the figure is VmHWM after it minus VmRSS at
+the reset. glibc's mmap threshold is fixed at 64 kB (MALLOC_MMAP_THRESHOLD_), so each tensor is
+its own mapping, returned when freed, and RSS follows the live tensors. One torch thread.
+
+On CPU there is no separate device memory, so what the process held at the reset is left out on
+both sides: the measurement starts there, and the model's figure is its peak (device="cpu") minus
+the terms held then: memory.BETWEEN_STEPS (weights, AdamW's moments, the target's tensors, the
+vocab maps), the collated batch and, when accumulating, the gradients. What remains is everything
+the step allocates: the float32 casts of the batch, the target's distribution and its chunk
+logits, the activations, logits and attention scores, the gradients, AdamW's transient. MB here
+is 2^20 bytes.
+
+Kimi-K2.5: the model's figures only (no GPU measured them) for the drafter make_drafter_config
+gives Kimi's config.json (tests/kimi_k25_config.json), draft vocab 32,000, K = 3, a bf16 target
+and shards, bf16 autocast, one sample as long as the micro-batch budget, gradients accumulating;
+GB is 10^9 bytes, the GPU's 96 GB taken as 96 × 10^9 (the smaller reading), 10% kept free.
+
+    .venv/bin/python bench/train_memory_model.py    # prints Markdown tables (~3 min on 2 cores)
+"""
+
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from eaglenest.train.memory import BETWEEN_STEPS, parameter_counts, training_memory  # noqa: E402
+
+MB, GB = 2**20, 10**9
+K = 3
+# The sizes the test checks (tests/test_memory_model.py), then a few more for the bench.
+TEST_SIZES = [
+    dict(hidden=256, heads=4, intermediate=688, target_vocab=8000, draft_vocab=2000, samples=2, longest=1024),
+    dict(hidden=512, heads=8, intermediate=1376, target_vocab=16000, draft_vocab=4000, samples=1, longest=1024,
+         checkpointing=True, accumulate=True),
+    dict(hidden=384, heads=6, intermediate=1024, target_vocab=32000, draft_vocab=8000, samples=3, longest=512,
+         autocast=True),
+    dict(hidden=256, heads=16, intermediate=688, target_vocab=8000, draft_vocab=500, samples=1, longest=1024,
+         checkpointing=True),
+]
+MORE_SIZES = [
+    dict(hidden=256, heads=4, intermediate=688, target_vocab=8000, draft_vocab=2000, samples=1, longest=4096),
+    dict(hidden=256, heads=4, intermediate=688, target_vocab=8000, draft_vocab=2000, samples=1, longest=4096,
+         checkpointing=True),
+    dict(hidden=512, heads=8, intermediate=1376, target_vocab=32000, draft_vocab=16000, samples=4, longest=256,
+         accumulate=True, autocast=True, checkpointing=True),
+    dict(hidden=256, heads=4, intermediate=688, target_vocab=64000, draft_vocab=1000, samples=2, longest=1024),
+    dict(hidden=256, heads=4, intermediate=688, target_vocab=64000, draft_vocab=1000, samples=3, longest=2048),
+    dict(hidden=256, heads=16, intermediate=688, target_vocab=8000, draft_vocab=500, samples=1, longest=2048),
+    dict(hidden=256, heads=16, intermediate=688, target_vocab=8000, draft_vocab=500, samples=1, longest=2048,
+         autocast=True, checkpointing=True),
+]
+KIMI_BUDGETS = [8192, 16384, 32768]
+KIMI_DRAFT_VOCAB = 32000
+GPU_BYTES, MARGIN = 96 * GB, 0.10
+
+
+def size_defaults(size):
+    """A size with every field: 64-dim heads, 2 KV heads, float32 compute, fresh gradients."""
+    return dict(head_dim=64, kv_heads=2, checkpointing=False, autocast=False, accumulate=False) | size
+
+
+def write_target(root, size):
+    """A Llama-style target of `size` in `root`: config.json and model.safetensors (bf16)."""
+    import torch
+    from safetensors.torch import save_file
+
+    H, V = size["hidden"], size["target_vocab"]
+    config = dict(architectures=["LlamaForCausalLM"], model_type="llama", hidden_size=H, vocab_size=V,
+                  num_attention_heads=size["heads"], num_key_value_heads=size["kv_heads"], head_dim=size["head_dim"],
+                  intermediate_size=size["intermediate"], num_hidden_layers=8, tie_word_embeddings=False,
+                  rms_norm_eps=1e-6, max_position_embeddings=8192, dtype="bfloat16")
+    (root / "config.json").write_text(json.dumps(config))
+    g = torch.Generator().manual_seed(0)
+    save_file({"model.embed_tokens.weight": torch.randn(V, H, generator=g, dtype=torch.bfloat16),
+               "model.norm.weight": torch.ones(H, dtype=torch.bfloat16),
+               "lm_head.weight": torch.randn(V, H, generator=g, dtype=torch.bfloat16) / H**0.5},
+              str(root / "model.safetensors"))
+    return config
+
+
+def build(root, size):
+    """(drafter, target head, optimizer, collated batch) for `size`, as start_run and collate make them."""
+    import torch
+
+    from eaglenest.states.convention import FINAL_STATE_CONVENTION
+    from eaglenest.train.init_drafter import new_drafter
+    from eaglenest.train.target_head import TargetHead
+
+    config = write_target(root, size)
+    head = TargetHead(root)
+    N, V, H = size["draft_vocab"], size["target_vocab"], size["hidden"]
+    t2d = torch.zeros(V, dtype=torch.bool)
+    t2d[torch.randperm(V, generator=torch.Generator().manual_seed(1))[:N]] = True
+    d2t = t2d.nonzero().squeeze(1) - torch.arange(N)
+    manifest = {"hidden_size": H, "aux_layer_ids": [1, 4, 6], "final_state": FINAL_STATE_CONVENTION}
+    drafter = new_drafter(root, manifest, d2t, t2d, head, seed=0)
+    assert drafter.config == drafter_config(size, config["max_position_embeddings"])  # what the model is given
+    drafter.activation_checkpointing = size["checkpointing"]
+    drafter.train()
+    optimizer = torch.optim.AdamW([p for p in drafter.parameters() if p.requires_grad], lr=1e-4, betas=(0.9, 0.95),
+                                  weight_decay=0.0)
+    B, T = size["samples"], size["longest"]
+    g = torch.Generator().manual_seed(2)
+    batch = {"input_ids": torch.randint(0, V, (B, T), generator=g), "loss_mask": torch.ones(B, T, dtype=torch.bool),
+             "aux_hidden_states": torch.randn(B, T, 3 * H, generator=g, dtype=torch.bfloat16),
+             "final_hidden_states": torch.randn(B, T, H, generator=g, dtype=torch.bfloat16)}
+    return drafter, head, optimizer, batch
+
+
+def training_step(drafter, head, optimizer, stored, size):
+    """One micro-batch and the optimizer step, as eaglenest.train.loop.optimizer_step runs them."""
+    import torch
+
+    from eaglenest.train.loss import ttt_loss
+
+    batch = {key: t.to("cpu") for key, t in stored.items()}
+    batch.update({key: t.float() for key, t in batch.items() if t.is_floating_point()})
+    normalisers = [max(batch["loss_mask"][:, k + 2:].sum().item(), 1) for k in range(K)]
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=size["autocast"]):
+        loss, _ = ttt_loss(drafter, batch, head, drafter.t2d, K, 0.8, normalisers)
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_([p for p in drafter.parameters() if p.requires_grad], 0.5)
+    optimizer.step()
+
+
+def kb(field):
+    """VmRSS or VmHWM of this process, in kB."""
+    return int(re.search(rf"{field}:\s+(\d+) kB", Path("/proc/self/status").read_text()).group(1))
+
+
+def measure(size):
+    """In this process: the measured step's peak bytes above the RSS at the reset, and its seconds."""
+    import gc
+
+    import torch
+
+    torch.set_num_threads(1)
+    size = size_defaults(size)
+    with tempfile.TemporaryDirectory() as tmp:
+        drafter, head, optimizer, batch = build(Path(tmp), size)
+    training_step(drafter, head, optimizer, batch, size)  # AdamW's moments, the kernels warmed up
+    if not size["accumulate"]:
+        optimizer.zero_grad(set_to_none=True)
+    gc.collect()
+    Path("/proc/self/clear_refs").write_text("5")  # VmHWM := VmRSS
+    base, start = kb("VmRSS"), time.perf_counter()
+    training_step(drafter, head, optimizer, batch, size)
+    return {"bytes": (kb("VmHWM") - base) * 1024, "seconds": time.perf_counter() - start}
+
+
+def run_measure(size):
+    """measure(size) in a fresh interpreter, with glibc's mmap threshold fixed."""
+    out = subprocess.run([sys.executable, __file__, "--measure", json.dumps(size)], cwd=REPO, capture_output=True,
+                         text=True, env={**os.environ, "MALLOC_MMAP_THRESHOLD_": "65536"})
+    if out.returncode != 0:
+        raise RuntimeError(f"measuring {size} failed:\n{out.stderr[-3000:]}")
+    return json.loads(out.stdout.splitlines()[-1])
+
+
+def drafter_config(size, max_position_embeddings=8192):
+    """The DrafterConfig new_drafter makes for write_target's target of `size` (no files)."""
+    from eaglenest.drafter.model import DrafterConfig
+
+    s = size_defaults(size)
+    return DrafterConfig(target_vocab_size=s["target_vocab"], draft_vocab_size=s["draft_vocab"], hidden_size=s["hidden"],
+                         target_hidden_size=s["hidden"], intermediate_size=s["intermediate"],
+                         num_attention_heads=s["heads"], num_key_value_heads=s["kv_heads"], head_dim=s["head_dim"],
+                         aux_layer_ids=[1, 4, 6], max_position_embeddings=max_position_embeddings)
+
+
+def modelled_step(size):
+    """(the model's bytes for what measure() sees: its CPU peak minus what is held at the reset,
+    the name of the moment of the peak)."""
+    s = size_defaults(size)
+    # chunk_tokens: TargetHead.distribution's default, which ttt_loss uses
+    m = training_memory(drafter_config(s), target_dtype_bytes=2, tokens=s["samples"] * s["longest"],
+                        longest=s["longest"], ttt_steps=K, activation_checkpointing=s["checkpointing"],
+                        autocast_bf16=s["autocast"], chunk_tokens=4096, stored_dtype_bytes=2,
+                        accumulating=s["accumulate"], device="cpu")
+    held = sum(m[key] for key in (*BETWEEN_STEPS, "batch_stored")) + (m["gradients"] if s["accumulate"] else 0)
+    moment = max((key for key in m if key.startswith("at_")), key=m.get)
+    return m["peak"] - held, moment.removeprefix("at_")
+
+
+
+def kimi_config():
+    """The DrafterConfig make_drafter_config gives for Kimi-K2.5 (tests/kimi_k25_config.json, its
+    published config.json) with a draft vocab of 32,000: target_geometry's default Llama layer."""
+    import torch
+
+    from eaglenest.states.convention import FINAL_STATE_CONVENTION
+    from eaglenest.train.init_drafter import make_drafter_config
+
+    with tempfile.TemporaryDirectory() as tmp:
+        (Path(tmp) / "config.json").write_text((REPO / "tests" / "kimi_k25_config.json").read_text())
+        t2d = torch.zeros(163840, dtype=torch.bool)
+        t2d[:KIMI_DRAFT_VOCAB] = True
+        manifest = {"hidden_size": 7168, "aux_layer_ids": [2, 30, 58], "final_state": FINAL_STATE_CONVENTION}
+        return make_drafter_config(tmp, manifest, torch.zeros(KIMI_DRAFT_VOCAB, dtype=torch.int64), t2d)
+
+
+def kimi_memory(config, tokens, checkpointing, **kwargs):
+    """training_memory for Kimi-K2.5 on a GPU: bf16 target and shards, K = 3, bf16 autocast, one
+    sample of `tokens` (the budget), gradients accumulating over micro-batches."""
+    return training_memory(config, target_dtype_bytes=2, tokens=tokens, longest=tokens, ttt_steps=K,
+                           activation_checkpointing=checkpointing, autocast_bf16=True, **kwargs)
+
+
+def largest_fitting(peaks, checkpointing):
+    """The largest budget whose peak (peaks[checkpointing, budget]) fits GPU_BYTES less MARGIN, or None."""
+    fitting = [n for n in KIMI_BUDGETS if peaks[checkpointing, n] <= (1 - MARGIN) * GPU_BYTES]
+    return max(fitting, default=None)
+
+
+def validation_table():
+    """Markdown rows: measured vs modelled step peaks at TEST_SIZES and MORE_SIZES."""
+    rows = ["| hidden | heads | vocab V / N | samples × T | compute | ckpt | grads | peak at | measured MB "
+            "| model MB | measured / model | s |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for size in TEST_SIZES + MORE_SIZES:
+        s, measured = size_defaults(size), run_measure(size)
+        modelled, moment = modelled_step(size)
+        rows.append(f"| {s['hidden']} | {s['heads']} | {s['target_vocab']:,} / {s['draft_vocab']:,} "
+                    f"| {s['samples']} × {s['longest']:,} | {'bf16 autocast' if s['autocast'] else 'float32'} "
+                    f"| {'on' if s['checkpointing'] else 'off'} | {'held' if s['accumulate'] else 'fresh'} "
+                    f"| {moment} | {measured['bytes'] / MB:,.0f} | {modelled / MB:,.0f} "
+                    f"| {measured['bytes'] / modelled:.3f} | {measured['seconds']:.1f} |")
+    return rows
+
+
+def kimi_table():
+    """Markdown rows: the model's Kimi-K2.5 figures per budget, with and without checkpointing.
+    "held": weights, gradients, AdamW's moments, the target's tensors, autocast's weight copies."""
+    config = kimi_config()
+    rows = ["| budget (tokens) | checkpointing | held GB | activations GB | logits + probs GB | attention block GB "
+            "| peak GB | peak at | peak with DDP GB | fits 96 GB − 10% |", "|---|---|---|---|---|---|---|---|---|---|"]
+    peaks = {}
+    for checkpointing in (False, True):
+        for n in KIMI_BUDGETS:
+            m = kimi_memory(config, n, checkpointing)
+            peaks[checkpointing, n] = peak = m["peak"]
+            static = sum(m[key] for key in BETWEEN_STEPS) + m["gradients"] + m["autocast_weights"]
+            moment = max((key for key in m if key.startswith("at_")), key=m.get).removeprefix("at_")
+            ddp = kimi_memory(config, n, checkpointing, distributed=True)["peak"]
+            rows.append(f"| {n:,} | {'on' if checkpointing else 'off'} | {static / GB:.1f} | {m['activations'] / GB:.1f} "
+                        f"| {(m['logits'] + m['target_probs']) / GB:.1f} | {m['attention_block'] / GB:.1f} "
+                        f"| {peak / GB:.1f} | {moment} | {ddp / GB:.1f} "
+                        f"| {'yes' if peak <= (1 - MARGIN) * GPU_BYTES else 'no'} |")
+    params = parameter_counts(config)[0]
+    rows += ["", f"Kimi-K2.5 drafter: {params:,} trainable parameters. Largest budget within {1 - MARGIN:.0%} of "
+             f"{GPU_BYTES / GB:.0f} GB: "
+             f"{largest_fitting(peaks, False):,} tokens without checkpointing, "
+             f"{largest_fitting(peaks, True):,} with it."]
+    return rows
+
+
+def main():
+    print("\n".join(validation_table()))
+    print()
+    print("\n".join(kimi_table()))
+
+
+if __name__ == "__main__":
+    if sys.argv[1:2] == ["--measure"]:
+        print(json.dumps(measure(json.loads(sys.argv[2]))))
+    else:
+        main()

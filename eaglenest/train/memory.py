@@ -1,0 +1,309 @@
+"""The peak memory of one drafter training process, from the geometry alone (docs/MEMORY.md).
+
+`training_memory` follows one micro-batch as eaglenest.train.loop runs it (the cast of the batch
+on the device, TargetHead.distribution, Drafter.forward over K TTT steps, the soft CE of ttt_loss,
+backward, AdamW's step) and sums the tensors alive at each moment where the peak can fall; the
+peak is the largest sum. Every term is a tensor of the real code, in bytes from its shape and
+dtype. Those autograd keeps for backward were listed from the code; tests/test_memory_model.py
+checks the list against torch.autograd.graph.saved_tensors_hooks, and the peaks against measured
+ones (bench/train_memory_model.py). Left out: tensors of a few bytes per token or fewer (masks,
+the loss's per-position values, scalars) and what sits outside torch's tensors: the CUDA context,
+the caching allocator's reserve and fragmentation, kernels' workspaces. A budget keeps a margin
+for those.
+"""
+
+from eaglenest.drafter.model import ATTENTION_BLOCK
+
+F32, BF16, INT64, BOOL = 4, 2, 8, 1
+# Held from one step to the next (and the gradients while a step accumulates), then through a step.
+BETWEEN_STEPS = ("weights", "adam_states", "ddp_buckets", "frozen_embedding", "target_head", "vocab_maps")
+HELD = (*BETWEEN_STEPS, "batch_stored", "batch_float32")
+
+
+def parameter_counts(c):
+    """(trainable parameters, those of the Linear layers, the largest Linear) of DrafterConfig `c`:
+    fc, q/k/v/o, the MLP, lm_head and four RMSNorm weights. The embedding is the target's (frozen)."""
+    H, q, kv = c.hidden_size, c.num_attention_heads * c.head_dim, c.num_key_value_heads * c.head_dim
+    linears = [3 * c.target_hidden_size * H, 2 * H * q, 2 * H * kv, 2 * H * kv, q * H,
+               H * c.intermediate_size, H * c.intermediate_size, c.intermediate_size * H, H * c.draft_vocab_size]
+    return sum(linears) + 4 * H, sum(linears), max(linears)
+
+
+def static_memory(c, *, target_dtype_bytes, tied_embeddings=False, distributed=False):
+    """Bytes held between steps: the drafter's trainable weights, their gradients and AdamW's two
+    moments (float32 each); with DDP (`distributed`) its gradient buckets, one more float32 copy
+    of the gradients (the loop leaves gradient_as_bucket_view off); the vocab maps (d2t int64 [N],
+    t2d bool [V]); in the target's dtype the frozen embedding the drafter shares with the target
+    head, that head's lm_head (none of its own when the target ties it to the embedding) and its
+    final norm weight."""
+    params = parameter_counts(c)[0]
+    V, H = c.target_vocab_size, c.hidden_size
+    return {
+        "weights": F32 * params,
+        "gradients": F32 * params,
+        "adam_states": 2 * F32 * params,
+        "ddp_buckets": F32 * params if distributed else 0,
+        "vocab_maps": INT64 * c.draft_vocab_size + BOOL * V,
+        "frozen_embedding": target_dtype_bytes * V * H,
+        "target_head": target_dtype_bytes * ((0 if tied_embeddings else V * H) + H),
+    }
+
+
+def batch_memory(c, *, tokens, stored_dtype_bytes, cpu):
+    """Bytes of the micro-batch the step reads: input_ids (int64) and loss_mask (bool), and the aux
+    [tokens, 3Ht] and final [tokens, H] states, which the loop casts to float32 on the device. On a
+    GPU the copies in the stored dtype are dropped once cast ("batch_stored": the ids and mask); on
+    CPU the collated batch is the device's and stays beside its float32 casts (none if float32)."""
+    states = tokens * (3 * c.target_hidden_size + c.hidden_size)
+    stored = tokens * (INT64 + BOOL) + (stored_dtype_bytes * states if cpu else 0)
+    return {"batch_stored": stored, "batch_float32": F32 * states if not cpu or stored_dtype_bytes != F32 else 0}
+
+
+def head_peak(c, *, tokens, target_dtype_bytes, chunk_tokens):
+    """The most TargetHead.distribution holds at once: the float32 probs of the chunks done, and
+    for the chunk at hand its [n, V] logits in the target's dtype (made while the loop variable
+    still holds the previous chunk's), then its float32 draft-vocab columns and their softmax; at
+    the end the chunks and their torch.cat (2 × [tokens, N] float32) beside the last logits."""
+    V, N, done, previous, peak = c.target_vocab_size, c.draft_vocab_size, 0, 0, 0
+    for size in [min(chunk_tokens, tokens - start) for start in range(0, tokens, chunk_tokens)]:
+        peak = max(peak, F32 * N * done + target_dtype_bytes * V * (previous + size),
+                   F32 * N * done + size * (target_dtype_bytes * V + 2 * F32 * N))
+        done, previous = done + size, size
+    return max(peak, 2 * F32 * N * tokens + target_dtype_bytes * V * previous)
+
+
+def layer_saved(c, autocast):
+    """Bytes per token autograd keeps of one TTT step's decoder layer without activation
+    checkpointing, as (before the attention, after it). The RMSNorms compute in float32: each keeps
+    its float32 input, its normalised value (cast back to the input's dtype) and its [.., 1] scale.
+    Under bf16 autocast the Linear layers keep a bf16 copy of their input each (q, k, v three, gate
+    and up two) and their outputs are bf16; without it the float32 tensors are shared."""
+    H, I, q = c.hidden_size, c.intermediate_size, c.num_attention_heads * c.head_dim
+    x = BF16 if autocast else F32  # the Linear layers' outputs, normalised values cast back
+    before = {
+        "input_layernorm normalised embeddings (float32: embeds are cast to the fc dtype)": F32 * H,
+        "hidden_norm float32 input (autocast: a copy of the bf16 hidden)": F32 * H if autocast else 0,
+        "hidden_norm normalised": x * H,
+        "q/k/v input cat[e, hidden_norm(h)] (autocast: a bf16 copy per projection)": 3 * BF16 * 2 * H if autocast
+        else F32 * 2 * H,
+        "q after RoPE (held by the attention checkpoint)": x * q,
+        "norm scales [.., 1] (hidden_norm, post_attention_layernorm)": 2 * F32,
+    }
+    after = {
+        "attention output, o_proj's input": x * q,
+        "residual r, post_attention_layernorm's float32 input": F32 * H,
+        "post_attention_layernorm normalised": x * H,
+        "gate/up input (autocast: a bf16 copy each)": 2 * BF16 * H if autocast else F32 * H,
+        "MLP: gate, silu(gate), up, their product": 4 * x * I,
+    }
+    return before, after
+
+
+def step_saved(c, autocast, checkpointing, cpu):
+    """Bytes per token one TTT step keeps until backward, besides its logits, in groups of named
+    tensors. "layer": layer_saved, or with activation checkpointing only the checkpoint's inputs.
+    "lm": the final norm (float32 input: in float32 the step output itself, which is also the next
+    step's hidden input; normalised value; scale) and lm_head's input. "log_softmax": its output
+    (float32, but bf16 under CPU autocast, which leaves log_softmax alone) and the bool mask the
+    soft CE multiplies by, per supervised position. "kv": the keys after RoPE and the values,
+    held by reference (the TTT key/value lists, which the attend closure given to a checkpoint
+    keeps), so saved_tensors_hooks do not see them."""
+    H, N, kv = c.hidden_size, c.draft_vocab_size, c.num_key_value_heads * c.head_dim
+    x = BF16 if autocast else F32
+    if checkpointing:
+        layer = {"embeddings cast to float32": F32 * H,
+                 "hidden input in bf16 (float32: the previous step output, in lm)": BF16 * H if autocast else 0}
+    else:
+        before, after = layer_saved(c, autocast)
+        layer = before | after
+    return {
+        "layer": layer,
+        "lm": {"norm float32 input": F32 * H, "norm normalised": x * H, "norm scale": F32, "lm_head input": x * H},
+        "log_softmax": {"log_softmax output": BF16 * N if autocast and cpu else F32 * N, "the step's mask": BOOL},
+        "kv": {"keys and values after RoPE": 2 * x * kv},
+    }
+
+
+def positional_saved(c, checkpointing):
+    """Bytes per position (per index of the padded length, shared by a micro-batch's samples) one
+    step keeps: RoPE's float32 cos and sin [T, D] for q and for k (a checkpoint recomputes them;
+    it keeps the int64 positions instead)."""
+    return INT64 if checkpointing else 4 * F32 * c.head_dim
+
+
+def retained_activations(c, *, tokens, longest, ttt_steps, autocast=False, checkpointing=False, cpu=False):
+    """Bytes autograd keeps from the forward of all K steps to their backward, by group: "once"
+    (fc's float32 output, or under autocast its bf16 input copy), then per step (K ×) the groups of
+    step_saved, log_softmax's at the positions step k supervises only (longest - k - 2 a sample),
+    and "positions" (positional_saved × longest). Under autocast the bf16 weight copies come on
+    top (autocast_weights)."""
+    once = tokens * ((BF16 * 3 * c.target_hidden_size) if autocast else F32 * c.hidden_size)
+    groups = {key: ttt_steps * tokens * sum(part.values())
+              for key, part in step_saved(c, autocast, checkpointing, cpu).items()}
+    supervised = (tokens // longest) * sum(max(longest - k - 2, 0) for k in range(ttt_steps))
+    groups["log_softmax"] = supervised * sum(step_saved(c, autocast, checkpointing, cpu)["log_softmax"].values())
+    return {"once": once, **groups, "positions": ttt_steps * longest * positional_saved(c, checkpointing)}
+
+
+def recompute_leftover(c, autocast):
+    """Bytes per token a checkpointed step's recompute in backward leaves until backward ends: its
+    new keys and values go into the TTT lists (which the checkpoint inputs hold), and with them the
+    autograd graph that made them: k/v_proj's input (float32, or their two bf16 copies),
+    input_layernorm's and hidden_norm's normalised values, hidden_norm's scale (and, under autocast,
+    its float32 input copy). Per position it keeps k's cos and sin (positional_saved / 2)."""
+    H, kv = c.hidden_size, c.num_key_value_heads * c.head_dim
+    x = BF16 if autocast else F32
+    return {"keys and values after RoPE": 2 * x * kv, "k/v input": 2 * BF16 * 2 * H if autocast else F32 * 2 * H,
+            "input_layernorm normalised": F32 * H, "hidden_norm normalised": x * H,
+            "hidden_norm float32 input": F32 * H if autocast else 0, "hidden_norm scale": F32}
+
+
+def autocast_weights(c):
+    """bf16 copies of the Linear weights autocast makes, as (all: cached for the autocast region,
+    i.e. the forward; all but fc: kept by autograd to backward, fc's input needing no gradient;
+    lm_head: kept when the layer is checkpointed; the layer's: remade by its recompute)."""
+    H, Ht = c.hidden_size, c.target_hidden_size
+    _, linears, _ = parameter_counts(c)
+    fc, lm_head = 3 * Ht * H, H * c.draft_vocab_size
+    return BF16 * linears, BF16 * (linears - fc), BF16 * lm_head, BF16 * (linears - fc - lm_head)
+
+
+def attention_scores(c, *, tokens, longest, ttt_steps, attention_block=ATTENTION_BLOCK):
+    """Score elements of the largest block of ttt_attention (the last query block of the last TTT
+    step): samples × heads × block queries × (longest + K - 1) keys."""
+    return (tokens // longest) * c.num_attention_heads * min(attention_block, longest) * (longest + ttt_steps - 1)
+
+
+# Bytes per score element alive in one ttt_attention block at its peak. Forward: the masked scores,
+# their cat with the diagonal and the float32 softmax (float32: 3 × 4; autocast: the masked
+# scores and the cat in bf16, the float32 cast of the cat and its softmax, 2 × 2 + 2 × 4).
+# Backward (the block recomputed, then its backward): the saved softmax, and the probabilities'
+# gradient being summed: the full-size gradients of the value product's slice and of the
+# diagonal's select, and their sum (float32: 4 + 3 × 4; autocast: the float32 softmax and the bf16
+# probabilities the value product keeps, 4 + 2, and the three gradients in bf16, 3 × 2).
+ATTENTION_BYTES = {"forward": {False: 12, True: 12}, "backward": {False: 16, True: 12}}
+
+
+def step_totals(c, activations, *, tokens, longest, ttt_steps, autocast):
+    """Bytes of one TTT step for the micro-batch, by part: the groups of retained_activations (one
+    step's share), "before"/"after" (layer_saved), "cos_sin" (positional_saved without checkpointing),
+    "leftover" (recompute_leftover, with k's cos and sin and, under autocast, k/v_proj's bf16
+    weights), "out" (float32: the step output, which a checkpoint of the next step holds)."""
+    H, kv = c.hidden_size, c.num_key_value_heads * c.head_dim
+    parts = {key: value // ttt_steps for key, value in activations.items() if key != "once"}
+    before, after = (tokens * sum(part.values()) for part in layer_saved(c, autocast))
+    cos_sin = longest * positional_saved(c, False)
+    leftover = (tokens * sum(recompute_leftover(c, autocast).values()) + cos_sin // 2
+                + (BF16 * 2 * 2 * H * kv if autocast else 0))
+    return parts | {"once": activations["once"], "before": before, "after": after, "cos_sin": cos_sin,
+                    "leftover": leftover, "out": 0 if autocast else F32 * tokens * H}
+
+
+def forward_moments(c, terms, s, block, *, tokens, ttt_steps, autocast, checkpointing, cpu, held):
+    """at_head, at_forward_attention (the last step's attention block: the earlier steps' tensors and
+    logits, this step's up to its attention with the locals the layer holds then, i.e. the float32
+    embeddings, e and hidden_norm(h), and the blocks' outputs), at_forward_end (the last step's soft
+    CE: every step's tensors and logits, the float32 product target × log_softmax, on CPU under
+    autocast also the float32 copy of the bf16 log_softmax it makes for it)."""
+    K, H, q = ttt_steps, c.hidden_size, c.num_attention_heads * c.head_dim
+    x = BF16 if autocast else F32
+    every = autocast_weights(c)[0] if autocast else 0
+    one_step = sum(s[key] for key in ("layer", "lm", "log_softmax", "kv", "positions"))
+    up_to_attention = s["kv"] + s["positions"] + tokens * (3 * F32 * H + x * q) + (
+        s["layer"] + tokens * x * q if checkpointing else s["before"])
+    float_scores = F32 * tokens * c.draft_vocab_size
+    return {
+        "at_head": held + terms["head_peak"],
+        "at_forward_attention": held + terms["target_probs"] + every + s["once"] + (K - 1) * (
+            one_step - s["log_softmax"] + tokens * c.draft_vocab_size * x) + up_to_attention + block["forward"],
+        "at_forward_end": held + terms["target_probs"] + every + terms["activations"] + terms["logits"]
+        + float_scores * (2 if autocast and cpu else 1),
+    }
+
+
+def backward_moments(c, terms, s, block, *, tokens, ttt_steps, autocast, checkpointing, accumulating, cpu, held):
+    """at_backward_start: the first log_softmax backward (the logits are freed): every step's
+    tensors, the probs, the float32 gradient of the soft CE w.r.t. log_softmax and log_softmax's
+    of its input. Autograd runs every step's loss backward first, so the steps' logits gradients
+    wait for their lm_head meanwhile.
+    at_backward_attention: the backward of step j's largest attention block (the last step without
+    checkpointing): the steps before j whole, with their logits' gradients; step j up to its
+    attention; the gradients of its attention output and hidden input, and of the weights so far
+    (all but fc and, at the last step, q/k/v); the block's backward scores. With checkpointing
+    step j's layer is recomputed beside its inputs (its keys and values twice: the forward's are
+    still held), the steps after j hold their inputs, their recompute_leftover and (float32) their
+    output, and j is the one of largest total.
+    at_backward_layer (checkpointing): step j's layer just recomputed, before and after its attention.
+    at_optimizer: AdamW.step with every gradient: one float32 sqrt of the second moments, of every
+    parameter at once with CUDA's foreach kernels, of the largest tensor twice per tensor on CPU."""
+    K, N, H, q = ttt_steps, c.draft_vocab_size, c.hidden_size, c.num_attention_heads * c.head_dim
+    x = BF16 if autocast else F32
+    params, _, largest = parameter_counts(c)
+    fc, qkv = 3 * c.target_hidden_size * H, 2 * H * (q + 2 * c.num_key_value_heads * c.head_dim)
+    _, kept, lm_head, layer = autocast_weights(c) if autocast else (0, 0, 0, 0)
+    kept, layer = (lm_head, layer) if checkpointing else (kept, 0)
+    gradients = 0 if accumulating else terms["gradients"]
+    moments = {"at_backward_start": held + terms["target_probs"] + kept + terms["activations"]
+               + F32 * tokens * N + s["log_softmax"]}
+    whole = s["layer"] + s["lm"] + s["kv"] + s["positions"] + tokens * N * x  # a step before j, its logits' gradient
+    attention, layer_done = [], []
+    for j in range(K) if checkpointing else [K - 1]:
+        made = 0 if accumulating else F32 * (params - fc - (qkv if j == K - 1 else 0))
+        base = held + kept + s["once"] + j * whole + s["kv"] + s["positions"] + s["before"]
+        if checkpointing:
+            later = K - 1 - j
+            base += (s["layer"] + s["kv"] + s["cos_sin"] + layer + later * s["out"]
+                     + later * (s["layer"] + s["kv"] + s["positions"] + s["leftover"]))
+            lm_made = 0 if accumulating else F32 * (H * N + H) if j == K - 1 else made
+            layer_done.append(base + lm_made + s["after"] + tokens * H * x)
+        attention.append(base + made + tokens * (q + H) * x + block["backward"])
+    moments["at_backward_attention"] = max(attention)
+    if checkpointing:
+        moments["at_backward_layer"] = max(layer_done)
+    moments["at_optimizer"] = held + gradients + F32 * (2 * largest if cpu else params)
+    return moments
+
+
+def training_memory(c, *, target_dtype_bytes, tokens, longest, ttt_steps, activation_checkpointing=False,
+                    autocast_bf16=False, chunk_tokens=4096, attention_block=None, stored_dtype_bytes=BF16,
+                    accumulating=True, tied_embeddings=False, distributed=False, device="cuda"):
+    """Bytes of one training process for DrafterConfig `c` (the geometry make_drafter_config gives)
+    and a micro-batch of `tokens` padded tokens whose longest sample has `longest` (samples =
+    tokens // longest), trained with `ttt_steps` TTT steps: a dict of the terms of static_memory
+    and batch_memory, "target_probs" (float32 [tokens, N]), "head_peak", "activations"
+    (retained_activations, all groups), "autocast_weights" (all bf16 copies), "logits" (K ×
+    [tokens, N] in the compute dtype), "attention_block" (ATTENTION_BYTES × the largest block's
+    scores, forward or backward), the totals at the moments where the peak can fall ("at_*":
+    forward_moments and backward_moments, each the terms HELD through the step, the gradients
+    when accumulating, and what that moment holds), and "peak", the largest total.
+
+    target_dtype_bytes: the target's stored dtype (2: bf16), that of the frozen embedding and the
+    target head. stored_dtype_bytes: the shards' states (2: bf16). chunk_tokens: TargetHead's.
+    attention_block: ttt_attention's block of queries (None: ATTENTION_BLOCK). accumulating: the
+    step has more micro-batches, so the earlier ones' gradients are held through this one (the
+    loop's steady state); False: they appear during backward. distributed: DDP (static_memory's
+    buckets). device "cpu": no separate device memory (batch_memory), CPU autocast's op lists
+    (log_softmax stays bf16) and AdamW's per-tensor update (foreach on CUDA)."""
+    cpu, x = device == "cpu", BF16 if autocast_bf16 else F32
+    terms = static_memory(c, target_dtype_bytes=target_dtype_bytes, tied_embeddings=tied_embeddings,
+                          distributed=distributed)
+    terms |= batch_memory(c, tokens=tokens, stored_dtype_bytes=stored_dtype_bytes, cpu=cpu)
+    terms["target_probs"] = F32 * tokens * c.draft_vocab_size
+    terms["head_peak"] = head_peak(c, tokens=tokens, target_dtype_bytes=target_dtype_bytes, chunk_tokens=chunk_tokens)
+    activations = retained_activations(c, tokens=tokens, longest=longest, ttt_steps=ttt_steps, autocast=autocast_bf16,
+                                       checkpointing=activation_checkpointing, cpu=cpu)
+    terms["activations"] = sum(activations.values())
+    terms["autocast_weights"] = autocast_weights(c)[0] if autocast_bf16 else 0
+    terms["logits"] = ttt_steps * x * tokens * c.draft_vocab_size
+    scores = attention_scores(c, tokens=tokens, longest=longest, ttt_steps=ttt_steps,
+                              attention_block=attention_block or ATTENTION_BLOCK)
+    block = {phase: scores * per_element[autocast_bf16] for phase, per_element in ATTENTION_BYTES.items()}
+    terms["attention_block"] = max(block.values())
+    held = sum(terms[key] for key in HELD) + (terms["gradients"] if accumulating else 0)
+    s = step_totals(c, activations, tokens=tokens, longest=longest, ttt_steps=ttt_steps, autocast=autocast_bf16)
+    options = dict(tokens=tokens, ttt_steps=ttt_steps, autocast=autocast_bf16, checkpointing=activation_checkpointing,
+                   cpu=cpu, held=held)
+    terms |= forward_moments(c, terms, s, block, **options)
+    terms |= backward_moments(c, terms, s, block, accumulating=accumulating, **options)
+    terms["peak"] = max(value for key, value in terms.items() if key.startswith("at_"))
+    return terms

@@ -1,0 +1,111 @@
+"""The training memory model (eaglenest.train.memory) against the real code: the parameters and
+the tensors autograd keeps, exactly, and the peak of a whole training micro-step, measured.
+
+The measurement is bench/train_memory_model.py's, one fresh process per size (see its docstring):
+the real pieces (a bf16 target on disk, TargetHead, new_drafter's drafter, AdamW), the loop's
+micro-step (cast, ttt_loss, backward, clipping, AdamW.step) on CPU, its peak RSS above the RSS at a
+reset made after everything the step only reads was built. CPU has no separate device memory,
+so both sides leave out what the process held at the reset: the measurement starts from it, and
+the model's figure is its peak minus those terms (memory.BETWEEN_STEPS, the collated batch and,
+when accumulating, the gradients). Everything the step allocates is compared: the float32 casts
+of the batch, the target's distribution and chunk logits, activations, logits, attention scores,
+gradients, AdamW's transient. The sizes vary hidden size, vocabularies, tokens and samples, and
+between them put the peak at different moments (the soft CE, an attention block's backward)
+with float32 or bf16 autocast, checkpointing on or off, gradients fresh or accumulating.
+"""
+
+import importlib.util
+
+import pytest
+import torch
+
+from conftest import REPO
+from eaglenest.drafter.model import Drafter, DrafterConfig
+from eaglenest.train.loss import soft_ce_loss
+from eaglenest.train.memory import (autocast_weights, parameter_counts, retained_activations, static_memory,
+                                    training_memory)
+
+spec = importlib.util.spec_from_file_location("train_memory_model", REPO / "bench" / "train_memory_model.py")
+bench = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(bench)
+
+TINY = DrafterConfig(target_vocab_size=200, draft_vocab_size=96, hidden_size=48, target_hidden_size=40,
+                     intermediate_size=160, num_attention_heads=4, num_key_value_heads=2, head_dim=24,
+                     aux_layer_ids=[1, 2, 3])
+TOLERANCE = 0.20
+
+
+def test_parameters_and_static_terms_are_the_drafters():
+    with torch.device("meta"):
+        drafter = Drafter(TINY)
+    trainable = [p for p in drafter.parameters() if p.requires_grad]
+    linears = [m.weight for m in drafter.modules() if isinstance(m, torch.nn.Linear)]
+    assert parameter_counts(TINY) == (sum(p.numel() for p in trainable), sum(w.numel() for w in linears),
+                                      max(w.numel() for w in linears))
+    static = static_memory(TINY, target_dtype_bytes=2)
+    assert static["weights"] == sum(p.numel() * p.element_size() for p in trainable)
+    assert static["adam_states"] == 2 * static["weights"] == 2 * static["gradients"]
+    assert static["frozen_embedding"] == drafter.embed_tokens.weight.numel() * 2  # bf16, as the target's
+    assert static["vocab_maps"] == sum(b.numel() * b.element_size() for b in drafter.buffers())
+    assert static_memory(TINY, target_dtype_bytes=2, tied_embeddings=True)["target_head"] == 2 * TINY.hidden_size
+
+
+def saved_bytes(drafter, samples, longest, autocast):
+    """Bytes of the distinct storages autograd saves in Drafter.forward and soft_ce_loss (K = 3),
+    leaving out the parameters and the tensors made before (aux states, target probs), seen by
+    saved_tensors_hooks. Autocast's bf16 weight copies are saved tensors too."""
+    g = torch.Generator().manual_seed(0)
+    ids = torch.randint(0, TINY.target_vocab_size, (samples, longest), generator=g)
+    aux = torch.randn(samples, longest, 3 * TINY.target_hidden_size, generator=g)
+    probs = torch.randn(samples, longest, TINY.draft_vocab_size, generator=g).softmax(-1)
+    mask = torch.ones(samples, longest, dtype=torch.bool)
+    before = {t.untyped_storage().data_ptr() for t in [aux, probs, *drafter.parameters()]}
+    seen = {}
+
+    def pack(t):
+        if t.untyped_storage().data_ptr() not in before:
+            seen[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+            logits = drafter(ids, aux, 3)
+            soft_ce_loss(logits, probs, mask, mask, [1, 1, 1], 0.8)
+    return sum(seen.values())
+
+
+@pytest.mark.parametrize("checkpointing", [False, True], ids=["plain", "checkpointed"])
+@pytest.mark.parametrize("autocast", [False, True], ids=["float32", "autocast"])
+def test_retained_activations_are_what_autograd_saves(checkpointing, autocast):
+    """Two samples of 8 tokens, so per-token and per-position terms differ. What the hooks do not
+    see is the keys and values the TTT lists hold by reference ("kv"), which the model counts apart."""
+    torch.manual_seed(0)
+    drafter = Drafter(TINY)
+    drafter.embed_tokens.weight = torch.nn.Parameter(torch.randn(200, 48, dtype=torch.bfloat16), requires_grad=False)
+    drafter.activation_checkpointing = checkpointing
+    model = retained_activations(TINY, tokens=16, longest=8, ttt_steps=3, autocast=autocast,
+                                 checkpointing=checkpointing, cpu=True)
+    _, kept, lm_head, _ = autocast_weights(TINY)
+    copies = (lm_head if checkpointing else kept) if autocast else 0
+    assert saved_bytes(drafter, 2, 8, autocast) == sum(model.values()) - model["kv"] + copies
+
+
+@pytest.mark.parametrize("size", bench.TEST_SIZES, ids=lambda s: "-".join(f"{k}{v}" for k, v in s.items()))
+def test_peak_of_a_training_step_is_within_20_percent_of_the_measured(size):
+    measured = bench.run_measure(size)["bytes"]
+    modelled, moment = bench.modelled_step(size)
+    assert abs(measured / modelled - 1) <= TOLERANCE, (measured, modelled, moment)
+
+
+def test_the_kimi_geometry_fits_a_budget_on_96_gb():
+    """The bench's reading for Kimi-K2.5 (bf16 target, draft vocab 32,000, K = 3, autocast): some
+    budget fits one 96 GB GPU with the margin, and checkpointing lowers the peak."""
+    config = bench.kimi_config()
+    with torch.device("meta"):
+        drafter = Drafter(config)
+    assert parameter_counts(config)[0] == sum(p.numel() for p in drafter.parameters() if p.requires_grad)
+    peaks = {(ck, n): training_memory(config, target_dtype_bytes=2, tokens=n, longest=n, ttt_steps=3,
+                                      activation_checkpointing=ck, autocast_bf16=True)["peak"]
+             for ck in (False, True) for n in bench.KIMI_BUDGETS}
+    assert all(peaks[True, n] < peaks[False, n] for n in bench.KIMI_BUDGETS)
+    assert bench.largest_fitting(peaks, False) is not None
