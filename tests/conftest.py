@@ -127,3 +127,23 @@ def workdir(built, tmp_path):
     copy = tmp_path / "wf"
     shutil.copytree(built, copy, symlinks=True)
     return copy
+
+
+def write_training_data(root, samples, split, *, dtype, vocab_size, draft_vocab_size):
+    """What training reads, from `samples` and the target in root/target: two shards (samples
+    before and after `split`, the HF backend's states in `dtype`), their manifest and the vocab
+    maps d2t.pt / t2d.pt of the draft_vocab_size most frequent ids. -> the shard paths."""
+    from eaglenest.data.vocab import count_tokens, draft_maps, select_draft_vocab
+    from eaglenest.states.hf import extract_shard
+    from eaglenest.states.manifest import write_manifest
+    from eaglenest.workflow.atomic import save_torch
+
+    shards = [root / "shard_0.safetensors", root / "shard_1.safetensors"]
+    for shard, part in zip(shards, (samples[:split], samples[split:])):
+        extract_shard(root / "target", part, shard, aux_layer_ids=None, dtype=dtype, device="cpu",
+                      trust_remote_code=False)
+    write_manifest(shards, root / "target", root / "manifest.json", aux_layer_ids=None, dtype=dtype)
+    d2t, t2d = draft_maps(select_draft_vocab(count_tokens(samples, vocab_size), draft_vocab_size), vocab_size)
+    save_torch(root / "d2t.pt", d2t)
+    save_torch(root / "t2d.pt", t2d)
+    return shards

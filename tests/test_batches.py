@@ -9,16 +9,13 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
+from conftest import write_training_data
 from eaglenest.data.samples import is_heldout
-from eaglenest.data.vocab import count_tokens, draft_maps, select_draft_vocab
 from eaglenest.drafter.load import read_checkpoint
 from eaglenest.evaluate.offline import evaluate_offline
-from eaglenest.states.hf import extract_shard
-from eaglenest.states.manifest import write_manifest
 from eaglenest.states.shards import ShardSamples, budget_batches, collate, length_batches
 from eaglenest.train.batches import epoch_micro_batches, epoch_steps, optimizer_steps, rank_rounds, step_normalisers
 from eaglenest.train.loop import supervision, train_drafter
-from eaglenest.workflow.atomic import save_torch
 
 BUDGET = 4096
 RNG = random.Random(0)
@@ -110,15 +107,7 @@ def data(tmp_path_factory):
         n, prompt = rng.randint(12, 90), rng.randint(3, 10)
         samples.append({"id": f"b{i}", "input_ids": [rng.randrange(V) for _ in range(n)],
                         "loss_mask": [0] * prompt + [1] * (n - prompt)})
-    shards = [root / "shard_0.safetensors", root / "shard_1.safetensors"]
-    for shard, part in zip(shards, (samples[:20], samples[20:])):
-        extract_shard(root / "target", part, shard, aux_layer_ids=None, dtype="bfloat16", device="cpu",
-                      trust_remote_code=False)
-    write_manifest(shards, root / "target", root / "manifest.json", aux_layer_ids=None, dtype="bfloat16")
-    d2t, t2d = draft_maps(select_draft_vocab(count_tokens(samples, V), N), V)
-    save_torch(root / "d2t.pt", d2t)
-    save_torch(root / "t2d.pt", t2d)
-    return root, shards
+    return root, write_training_data(root, samples, 20, dtype="bfloat16", vocab_size=V, draft_vocab_size=N)
 
 
 # micro-batches of at most 160 padded tokens (1 to 13 samples), steps of at least 240 supervised

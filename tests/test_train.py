@@ -16,12 +16,12 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
+from conftest import write_training_data
 from eaglenest.workflow.atomic import save_torch
 from eaglenest.drafter.model import Drafter
 from eaglenest.evaluate.offline import evaluate_offline
 from eaglenest.drafter.export import export_eagle, write_drafter
 from eaglenest.drafter.load import load_drafter, read_checkpoint
-from eaglenest.states.hf import extract_shard
 from eaglenest.states.manifest import write_manifest
 from eaglenest.states.shards import read_shard, write_shard
 from eaglenest.workflow.errors import InputError
@@ -29,7 +29,7 @@ from eaglenest.data.samples import is_heldout
 from eaglenest.train.loop import train_drafter
 from eaglenest.train.resume import run_key
 from eaglenest.train.target_head import TargetHead
-from eaglenest.data.vocab import count_tokens, draft_maps, select_draft_vocab
+from eaglenest.data.vocab import draft_maps
 
 V, N, PROMPT, NEW, K = 256, 64, 8, 40, 3
 HELDOUT = 0.2
@@ -57,15 +57,7 @@ def data(tmp_path_factory):
         {"id": f"s{i}", "input_ids": row.tolist(), "loss_mask": [0] * PROMPT + [1] * NEW}
         for i, row in enumerate(ids)
     ]
-    shards = [root / "shard_0.safetensors", root / "shard_1.safetensors"]
-    for shard, part in zip(shards, (samples[:24], samples[24:])):
-        extract_shard(root / "target", part, shard, aux_layer_ids=None, dtype="float32", device="cpu",
-                      trust_remote_code=False)
-    write_manifest(shards, root / "target", root / "manifest.json", aux_layer_ids=None, dtype="float32")
-    d2t, t2d = draft_maps(select_draft_vocab(count_tokens(samples, V), N), V)
-    save_torch(root / "d2t.pt", d2t)
-    save_torch(root / "t2d.pt", t2d)
-    return root, shards
+    return root, write_training_data(root, samples, 24, dtype="float32", vocab_size=V, draft_vocab_size=N)
 
 
 def train_args(root, shards, name, **kwargs):
