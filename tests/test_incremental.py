@@ -114,6 +114,8 @@ def test_config_changes_plan_exactly_their_stages(workdir, update, reruns, shard
         {"vllm": {"enforce_eager": False, "attention_backend": "CPU_ATTN", "tensor_parallel_size": 2}},
         {"train": {"checkpoint_every": 7, "num_processes": 2, "device": "cpu"}},
         {"hidden_states": {"device": "cuda", "batch_tokens": 512}},
+        {"train": {"num_workers": 2, "pin_memory": True, "activation_checkpointing": True, "bf16": True}},
+        {"eval": {"max_tokens_per_batch": 64}},
     ],
     ids=lambda update: ",".join(f"{section}.{key}" for section, keys in update.items() for key in keys),
 )
