@@ -57,8 +57,8 @@ def evaluate_offline(
     every, served, generated = [], [], 0
     sizes = [end - start for _, start, end, _ in samples.index]
     for indices in length_batches(range(len(samples)), sizes, max_tokens_per_batch):
-        batch = collate([samples[i] for i in indices])  # in the stored dtype: float32 on the device
-        batch = {k: t.to(device).float() if t.is_floating_point() else t.to(device) for k, t in batch.items()}
+        batch = collate([samples[i] for i in indices])  # in the stored dtype: chain_drafts casts a chunk at a time
+        batch = {k: t.to(device) for k, t in batch.items()}
         anchors, lengths = accepted_lengths(drafter, batch, K)
         for sample_anchors, sample_lengths in zip(anchors.tolist(), lengths.tolist()):
             every += [a for a, is_anchor in zip(sample_lengths, sample_anchors) if is_anchor]
