@@ -35,6 +35,9 @@ MANIFEST = f"{HIDDEN}/manifest.json"
 D2T = f"{RESULTS}/vocab/d2t.pt"
 T2D = f"{RESULTS}/vocab/t2d.pt"
 DRAFTER = f"{RESULTS}/drafter"
+# Snakemake's benchmark files of the GPU stages (wall time, peak RSS of each job): the report
+# plots them, the plan turns an earlier run's into rates (eaglenest/plan)
+BENCHMARKS = f"{RESULTS}/benchmarks"
 ENV = "../envs/eaglenest.yaml"
 # GPUs of a job extracting the target's states (hidden_states, agreement_states): with the vLLM
 # backend the target's tensor-parallel ranks (the phase's engine service uses them while its

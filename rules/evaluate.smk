@@ -35,6 +35,8 @@ rule evaluate_offline:
         heldout_fraction=config["train"]["heldout_fraction"],
         num_speculative_tokens=config["eval"]["num_speculative_tokens"],
         code=code("evaluate_offline"),
+    benchmark:
+        f"{BENCHMARKS}/evaluate_offline.tsv"
     log:
         f"{RESULTS}/logs/evaluate_offline.log",
     threads: lambda wildcards: workflow.cores
@@ -66,6 +68,8 @@ rule vllm_runs:
         trust_remote_code=config["target"]["trust_remote_code"],
         end_of_turn=config["tokenize"]["end_of_turn"],
         code=code("vllm_runs"),
+    benchmark:
+        f"{BENCHMARKS}/vllm_runs.tsv"
     log:
         f"{RESULTS}/logs/vllm_runs.log",
     threads: lambda wildcards: workflow.cores
@@ -93,6 +97,8 @@ rule agreement_states:
         vllm=artifact_settings(config, "vllm") if config["hidden_states"]["backend"] == "vllm" else None,
         trust_remote_code=config["target"]["trust_remote_code"],
         code=code("agreement_states"),
+    benchmark:
+        f"{BENCHMARKS}/agreement_states.tsv"
     log:
         f"{RESULTS}/logs/agreement_states.log",
     threads: lambda wildcards: workflow.cores
@@ -120,6 +126,8 @@ rule evaluate_vllm:
     params:
         agreement_tolerance=config["eval"]["agreement_tolerance"],
         code=code("evaluate_vllm"),
+    benchmark:
+        f"{BENCHMARKS}/evaluate_vllm.tsv"
     log:
         f"{RESULTS}/logs/evaluate_vllm.log",
     threads: lambda wildcards: workflow.cores

@@ -45,6 +45,8 @@ if not config["data"]["raw_responses"]:
             think_end=config["tokenize"]["think_end"],
             end_of_turn=config["tokenize"]["end_of_turn"],
             code=code("generate_part"),
+        benchmark:
+            f"{BENCHMARKS}/generate/part_{{part}}.tsv"
         log:
             f"{RESULTS}/logs/generate/part_{{part}}.log",
         threads: 1  # the job waits on the generate service, which does the work

@@ -36,6 +36,8 @@ rule hidden_states:
         vllm=artifact_settings(config, "vllm") if config["hidden_states"]["backend"] == "vllm" else None,
         trust_remote_code=config["target"]["trust_remote_code"],
         code=code("hidden_states"),
+    benchmark:
+        f"{BENCHMARKS}/hidden_states/shard_{{shard}}.tsv"
     log:
         f"{RESULTS}/logs/hidden_states/shard_{{shard}}.log",
     resources:

@@ -22,6 +22,8 @@ rule train_drafter:
         # Not an output: Snakemake deletes a failed job's outputs, and a checkpoint must outlive a kill.
         resume_dir=f"{RESULTS}/train/resume",
         code=code("train_drafter"),
+    benchmark:
+        f"{BENCHMARKS}/train_drafter.tsv"
     log:
         f"{RESULTS}/logs/train_drafter.log",
     threads: lambda wildcards: workflow.cores
