@@ -14,6 +14,7 @@ include: "rules/target.smk"
 include: "rules/generate.smk"
 include: "rules/tokenize.smk"
 include: "rules/vocab.smk"
+include: "rules/plan.smk"
 include: "rules/hidden_states.smk"
 include: "rules/train.smk"
 include: "rules/evaluate.smk"
@@ -28,6 +29,7 @@ rule all:
         rules.tokenize.output,
         rules.token_freq.output,
         rules.vocab_map.output,
+        rules.plan.output,
         SHARDS,
         rules.hidden_states_manifest.output,
         rules.train_drafter.output,

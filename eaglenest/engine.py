@@ -125,13 +125,14 @@ class EngineHolder:
 
 
 def generate(target_dir, prompts, vllm, *, trust_remote_code, stop_token_ids, max_tokens, temperature=0.0,
-             seed=0, drafter_dir=None, num_speculative_tokens=3, max_num_seqs=None):
+             seed=0, drafter_dir=None, num_speculative_tokens=3, max_num_seqs=None, progress=None):
     """Start an engine with the settings `vllm` (the config's vllm section) and generate for each
     prompt (a list of token ids) with it: generate_with's dict.
 
     seed: the engine's seed (every request samples from it).
     drafter_dir: an EAGLE-3 drafter to speculate with, num_speculative_tokens at a time.
     max_num_seqs: how many requests run at once (vLLM's default if None).
+    progress: generate_with's.
     """
     speculative_config = None
     if drafter_dir is not None:
@@ -140,7 +141,8 @@ def generate(target_dir, prompts, vllm, *, trust_remote_code, stop_token_ids, ma
     llm = start_engine(target_dir, engine_args(vllm, trust_remote_code=trust_remote_code, seed=seed,
                                                max_num_seqs=max_num_seqs or None,
                                                speculative_config=speculative_config))
-    return generate_with(llm, prompts, stop_token_ids=stop_token_ids, max_tokens=max_tokens, temperature=temperature)
+    return generate_with(llm, prompts, stop_token_ids=stop_token_ids, max_tokens=max_tokens, temperature=temperature,
+                         progress=progress)
 
 
 def generate_with(llm, prompts, *, stop_token_ids, max_tokens, temperature=0.0, seeds=None, progress=None):

@@ -32,6 +32,7 @@ HIDDEN = f"{RESULTS}/hidden_states"
 SHARD = f"{HIDDEN}/shard_{{shard}}.safetensors"
 SHARDS = expand(SHARD, shard=SHARD_IDS)
 MANIFEST = f"{HIDDEN}/manifest.json"
+PLAN_JSON = f"{RESULTS}/plan.json"
 D2T = f"{RESULTS}/vocab/d2t.pt"
 T2D = f"{RESULTS}/vocab/t2d.pt"
 DRAFTER = f"{RESULTS}/drafter"

@@ -9,6 +9,7 @@ if __name__ == "__main__":  # the vLLM backend starts processes that may import 
         snakemake.input.part,
         snakemake.input.target,
         snakemake.output.shard,
+        snakemake.input.plan,
         backend=snakemake.params.backend,
         aux_layer_ids=snakemake.params.aux_layer_ids,
         dtype=snakemake.params.dtype,
@@ -17,5 +18,6 @@ if __name__ == "__main__":  # the vLLM backend starts processes that may import 
         vllm=snakemake.config["vllm"],
         trust_remote_code=snakemake.params.trust_remote_code,
         engine_log=f"{snakemake.config['results']}/logs/hidden_states/engine.log",
+        free_disk_margin_gb=snakemake.config["hidden_states"]["free_disk_margin_gb"],
         gpus=snakemake.resources.gpu,
     )

@@ -117,6 +117,17 @@ def target_weight_prefix(target_dir):
     return keys[EMBEDDING].removesuffix(EMBEDDING)
 
 
+def target_embedding_bytes(target_dir):
+    """Bytes per element of the target's stored embedding (the dtype TargetHead keeps it and the
+    lm_head in), read off the safetensors header without loading it."""
+    from safetensors import safe_open
+
+    weight_map = _weight_map(target_dir)
+    key = _checkpoint_keys(target_dir, weight_map, [EMBEDDING])[EMBEDDING]
+    with safe_open(str(Path(target_dir) / weight_map[key]), framework="pt") as f:
+        return {"BF16": 2, "F16": 2, "F32": 4}[f.get_slice(key).get_dtype()]
+
+
 def read_target_embedding(target_dir):
     """The target's input embedding [V, H] (model.embed_tokens.weight), which the drafter shares."""
     return read_target_tensors(target_dir, [EMBEDDING])[EMBEDDING]

@@ -28,6 +28,7 @@ from eaglenest.states.manifest import read_manifest
 from eaglenest.workflow.atomic import write_json
 from eaglenest.workflow.device import torch_device
 from eaglenest.workflow.errors import InputError
+from eaglenest.workflow.progress import ProgressLines
 
 log = logging.getLogger(__name__)
 
@@ -61,6 +62,7 @@ def offline_acceptances(states, variants, K, device):
     the prompt + continuation samples of `states` (an AgreementStates), in one pass over them."""
     columns = [states.columns(layer_ids) for _, layer_ids in variants]
     lengths = [[] for _ in variants]
+    ticker = ProgressLines("agreement check", len(states), "samples", logger=log)
     for i in range(len(states)):
         sample = states[i]
         for (drafter, _), cols, drafted in zip(variants, columns, lengths):
@@ -71,6 +73,7 @@ def offline_acceptances(states, variants, K, device):
             }
             anchors, accepted = accepted_lengths(drafter, batch, K)
             drafted += served_anchors(anchors[0].tolist(), accepted[0].tolist())
+        ticker.advance()
     return [acceptance(drafted, K) for drafted in lengths]
 
 

@@ -15,6 +15,7 @@ from eaglenest.states.manifest import read_manifest
 from eaglenest.states.shards import ShardSamples, check_shards, collate, length_batches
 from eaglenest.workflow.atomic import write_json
 from eaglenest.workflow.device import torch_device
+from eaglenest.workflow.progress import ProgressLines
 
 log = logging.getLogger(__name__)
 
@@ -56,6 +57,7 @@ def evaluate_offline(
 
     every, served, generated = [], [], 0
     sizes = [end - start for _, start, end, _ in samples.index]
+    ticker = ProgressLines("offline evaluation", len(samples), "samples", logger=log, rate_of="tokens")
     for indices in length_batches(range(len(samples)), sizes, max_tokens_per_batch):
         batch = collate([samples[i] for i in indices])  # in the stored dtype: chain_drafts casts a chunk at a time
         batch = {k: t.to(device) for k, t in batch.items()}
@@ -64,6 +66,7 @@ def evaluate_offline(
             every += [a for a, is_anchor in zip(sample_lengths, sample_anchors) if is_anchor]
             served += served_anchors(sample_anchors, sample_lengths)
         generated += int(batch["loss_mask"].sum())
+        ticker.advance(len(indices), work=sum(sizes[i] for i in indices))
 
     result = {
         "num_speculative_tokens": K,

@@ -72,9 +72,10 @@ def vllm_runs(tokenized_path, target_dir, drafter_dir, outputs_path, runs_path, 
     engine = {"trust_remote_code": trust_remote_code, "max_tokens": max_tokens, "max_num_seqs": concurrency,
               "stop_token_ids": [special_token_id(load_tokenizer(target_dir, trust_remote_code=trust_remote_code),
                                                   end_of_turn)]}
-    plain = generate(target_dir, prompts, vllm, **engine)
+    plain = generate(target_dir, prompts, vllm, **engine, progress="without speculation")
     log.info("without speculation: %.0f tok/s", plain["tokens_per_s"])
-    spec = generate(target_dir, prompts, vllm, **engine, drafter_dir=drafter_dir, num_speculative_tokens=K)
+    spec = generate(target_dir, prompts, vllm, **engine, drafter_dir=drafter_dir, num_speculative_tokens=K,
+                    progress="with the drafter")
     log.info("with the drafter: %.0f tok/s, counters %s", spec["tokens_per_s"], spec["counters"])
     with atomic_path(outputs_path) as tmp, open(tmp, "w") as f:
         for sample_id, prompt, tokens in zip(ids, prompts, plain["token_ids"]):

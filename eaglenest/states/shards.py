@@ -31,6 +31,18 @@ TENSOR_KEYS = ("input_ids", "loss_mask", "aux_hidden_states", "final_hidden_stat
 DIGEST_KEY = "content_sha256"
 
 
+def bytes_per_token(*, hidden_size, dtype_bytes, aux_layers=3):
+    """A token's bytes in a shard: input_ids, loss_mask, its aux and final states."""
+    return 8 + 1 + (aux_layers + 1) * hidden_size * dtype_bytes
+
+
+def shard_bytes(tokens, samples, *, hidden_size, dtype_bytes, aux_layers=3):
+    """The bytes of a shard of `samples` samples and `tokens` tokens, as write_shard lays it out
+    (the safetensors header and sample ids aside): the plan's hidden_states_bytes."""
+    per_token = bytes_per_token(hidden_size=hidden_size, dtype_bytes=dtype_bytes, aux_layers=aux_layers)
+    return tokens * per_token + 8 * (samples + 1) + 32  # offsets, content_sha256
+
+
 def write_shard(path, samples, *, hidden_size, dtype, aux_layers=3):
     """Pack `samples` (dicts with "id" and TENSOR_KEYS) into one shard file, atomically.
 

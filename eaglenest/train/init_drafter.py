@@ -9,7 +9,7 @@ import torch
 from eaglenest.data.target import rope_settings, target_config
 from eaglenest.drafter.load import read_checkpoint
 from eaglenest.drafter.model import Drafter, DrafterConfig
-from eaglenest.states.convention import FINAL_STATE_CONVENTION
+from eaglenest.states.convention import FINAL_STATE_CONVENTION, resolve_aux_layer_ids
 from eaglenest.workflow.errors import InputError
 
 log = logging.getLogger(__name__)
@@ -89,6 +89,19 @@ def make_drafter_config(target_dir, manifest, d2t, t2d, init_config=None, geomet
     except ValueError as e:  # the RoPE: a type the drafter does not compute, or too few positions
         raise InputError(f"drafter: {e} (config drafter.rope_scaling, rope_theta, max_position_embeddings; "
                          "rope_scaling {rope_type: default} is plain RoPE)") from e
+
+
+def planned_drafter_config(target_dir, *, aux_layer_ids, draft_vocab_size, init_from=None, geometry=None):
+    """The DrafterConfig training will build (make_drafter_config), before any hidden state or
+    vocab map exists: what the plan sizes, and a geometry the drafter cannot compute refused
+    before hours of extraction rather than after. aux_layer_ids: config hidden_states'."""
+    tc = target_config(target_dir)
+    vocab = tc["vocab_size"]
+    manifest = {"hidden_size": tc["hidden_size"], "final_state": FINAL_STATE_CONVENTION,
+                "aux_layer_ids": resolve_aux_layer_ids(aux_layer_ids, tc["num_hidden_layers"])}
+    init_config = read_checkpoint(init_from)[0] if init_from is not None else None
+    return make_drafter_config(target_dir, manifest, range(min(draft_vocab_size, vocab)), range(vocab), init_config,
+                               geometry)
 
 
 def init_from_checkpoint(drafter, state, target_lm_head):

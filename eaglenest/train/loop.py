@@ -40,6 +40,7 @@ from eaglenest.train.resume import CHECKPOINT, read_resume_checkpoint, restore_l
 from eaglenest.train.target_head import TargetHead
 from eaglenest.workflow.atomic import atomic_dir, atomic_path, write_json
 from eaglenest.workflow.device import torch_device
+from eaglenest.workflow.progress import ProgressLines
 
 log = logging.getLogger(__name__)
 
@@ -226,6 +227,8 @@ def train_steps(run, progress, this_run, *, ttt_steps, step_weight_decay, max_gr
     bf16 = run.device.type == "cuda" if bf16 is None else bf16
     elapsed_before, start, first_step = progress.elapsed, time.time(), progress.step
     epoch, done = 0, progress.step  # resumed: skip the done epochs, then the epoch's done steps
+    ticker = ProgressLines("training", run.total_steps, "steps", logger=log, rate_of="supervised tokens",
+                           done=progress.step)
     while progress.step < run.total_steps:
         steps = run.plan(epoch)
         if done >= len(steps):
@@ -238,7 +241,9 @@ def train_steps(run, progress, this_run, *, ttt_steps, step_weight_decay, max_gr
             value, step_losses, step_accs = optimizer_step(run, step, turns, bf16, ttt_steps, step_weight_decay,
                                                            max_grad_norm)
             progress.step += 1
-            progress.tokens += sum(run.supervised[i] for batch in step for i in batch)
+            tokens = sum(run.supervised[i] for batch in step for i in batch)
+            progress.tokens += tokens
+            ticker.advance(work=tokens)
             progress.window.append([value, *step_losses, *step_accs])
             progress.elapsed = elapsed_before + time.time() - start
             if progress.step % log_every == 0 or progress.step == run.total_steps:

@@ -17,7 +17,7 @@ SPEED_ONLY = {
     "train": ("device", "num_processes", "checkpoint_every", "num_workers", "pin_memory", "activation_checkpointing",
               "bf16"),
     "eval": ("max_tokens_per_batch",),  # evaluate_offline's padded tokens per forward
-    "hidden_states": ("device", "batch_tokens"),
+    "hidden_states": ("device", "batch_tokens", "free_disk_margin_gb"),
 }
 
 

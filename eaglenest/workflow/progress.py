@@ -1,0 +1,45 @@
+"""Progress of a long loop as rule-log lines, `label: done/total unit, rate/s, ETA`: at the start,
+whenever PROGRESS_EVERY_S seconds passed since the last line, and at the end. A person watching
+a rule's log of a stage that runs for hours sees it move at least that often. (vLLM generation
+has its own, eaglenest.engine.ProgressLog, because it must report between engine steps.)"""
+
+import logging
+import time
+
+PROGRESS_EVERY_S = 30.0
+
+
+def clock(seconds):
+    """Seconds as h:mm:ss."""
+    seconds = int(seconds)
+    return f"{seconds // 3600}:{seconds // 60 % 60:02d}:{seconds % 60:02d}"
+
+
+class ProgressLines:
+    """Call advance(n) as work is done; lines go to `logger`. `rate_of`: an optional second
+    count per line (e.g. tokens), given to advance as `work=`, whose rate is shown too. `done`:
+    what an earlier, resumed run did (counted in done/total, not in the rate)."""
+
+    def __init__(self, label, total, unit, *, logger, rate_of=None, done=0, every_s=PROGRESS_EVERY_S):
+        self.label, self.total, self.unit, self.logger = label, total, unit, logger
+        self.rate_of, self.every_s = rate_of, every_s
+        self.done = self.first = done
+        self.work = 0
+        self.start = self.last = time.monotonic()
+        self.report()
+
+    def advance(self, n=1, *, work=0):
+        self.done += n
+        self.work += work
+        now = time.monotonic()
+        if now - self.last >= self.every_s or self.done >= self.total:
+            self.report(now)
+
+    def report(self, now=None):
+        now = time.monotonic() if now is None else now
+        self.last, elapsed = now, max(now - self.start, 1e-9)
+        rate = (self.done - self.first) / elapsed
+        eta = clock((self.total - self.done) / rate) if rate else "?"
+        extra = f", {self.work / elapsed:,.0f} {self.rate_of}/s" if self.rate_of else ""
+        self.logger.log(logging.INFO, "%s: %d/%d %s, %.2f %s/s%s, elapsed %s, ETA %s", self.label, self.done,
+                        self.total, self.unit, rate, self.unit, extra, clock(elapsed), eta)

@@ -1,0 +1,102 @@
+"""The plan (rule plan, eaglenest.plan) and the disk guard it feeds (eaglenest.states.disk): the
+plan's sizes against what the run really wrote and used, and extraction refused on a full disk."""
+
+import collections
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+
+from conftest import REPO, edit_config, snakemake
+from eaglenest.states import disk
+from eaglenest.train.memory import BETWEEN_STEPS
+from eaglenest.workflow.errors import InputError
+
+spec = importlib.util.spec_from_file_location("train_memory_model", REPO / "bench" / "train_memory_model.py")
+bench = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(bench)
+
+Usage = collections.namedtuple("Usage", "total used free")
+
+
+def test_planned_hidden_states_bytes_are_within_10_percent_of_the_shards_on_disk(built):
+    plan = json.loads((built / "results/plan.json").read_text())
+    shards = sorted((built / "results/hidden_states").glob("shard_*.safetensors"))
+    on_disk = sum(p.stat().st_size for p in shards)
+    assert abs(plan["hidden_states_bytes"] / on_disk - 1) <= 0.10, (plan["hidden_states_bytes"], on_disk)
+    manifest = json.loads((built / "results/hidden_states/manifest.json").read_text())
+    assert [s["tokens"] for s in plan["shards"]] == [s["num_tokens"] for s in manifest["shards"]]
+    report = json.loads((built / "results/data/tokenize_report.json").read_text())
+    assert (plan["tokens"], plan["generated_tokens"], plan["samples"]) == (
+        report["tokens"], report["generated_tokens"], report["samples_out"])
+    assert plan["free_disk_bytes"] > 0 and plan["extraction_host_ram_bytes"] > 2 * max(s["bytes"] for s in plan["shards"])
+    stages = {s["stage"]: s for s in plan["stages"]}
+    assert stages["generate"]["measured"] and stages["generate"]["estimate_s"] > 0  # this run's benchmark files
+    markdown = (built / "results/plan.md").read_text()
+    assert "# Plan" in markdown and f"{plan['tokens']:,} tokens" in markdown and "estimate" in markdown
+
+
+def test_a_second_plan_estimates_extraction_and_training_from_the_first_runs_rates(workdir):
+    """Replanning after a run: the earlier run's benchmark files and training log give rates."""
+    snakemake(workdir, "-f", "plan")
+    plan = json.loads((workdir / "results/plan.json").read_text())
+    stages = {s["stage"]: s for s in plan["stages"]}
+    for stage in ("hidden_states", "train_drafter"):
+        assert stages[stage]["rate_source"] == "earlier run in this results folder", stages[stage]
+        assert stages[stage]["estimate_s"] == pytest.approx(stages[stage]["work"] / stages[stage]["rate"])
+    assert "| hidden_states |" in (workdir / "results/plan.md").read_text()
+
+
+def test_planned_training_memory_is_within_20_percent_of_the_measured_peak(tmp_path):
+    """The plan's figure for a target and config (the drafter it plans: planned_drafter_config),
+    against the peak of a real micro-step of that drafter, as bench/train_memory_model.py
+    measures it (both sides leave out what the process held before the step)."""
+    from eaglenest.plan.plan import training_process_memory
+
+    size = bench.TEST_SIZES[1]  # checkpointed, accumulating: the loop's steady state, which the plan sizes
+    s = bench.size_defaults(size)
+    bench.write_target(tmp_path, s)
+    train = {"max_tokens_per_batch": s["samples"] * s["longest"], "ttt_steps": 3, "device": "cpu",
+             "activation_checkpointing": s["checkpointing"], "bf16": s["autocast"], "num_processes": 1,
+             "init_from": None}
+    terms, device, autocast = training_process_memory(
+        tmp_path, hidden_states={"aux_layer_ids": [1, 4, 6], "dtype": "bfloat16"}, train=train,
+        drafter={}, draft_vocab_size=s["draft_vocab"], longest=s["longest"])
+    assert (device, autocast) == ("cpu", s["autocast"])
+    held = sum(terms[key] for key in (*BETWEEN_STEPS, "batch_stored")) + terms["gradients"]  # accumulating
+    measured = bench.run_measure(size)["bytes"]
+    assert abs(measured / (terms["peak"] - held) - 1) <= 0.20, (measured, terms["peak"] - held)
+
+
+def test_the_guard_names_free_and_needed_bytes_and_the_folder(tmp_path, monkeypatch):
+    plan = tmp_path / "plan.json"
+    plan.write_text(json.dumps({"hidden_states_bytes": 5 * 10**9}))
+    shards = tmp_path / "hidden_states"
+    shards.mkdir()
+    with open(shards / "shard_00000.safetensors", "wb") as f:  # already written (sparse): not needed again
+        f.truncate(10**9)
+    monkeypatch.setattr(disk.shutil, "disk_usage", lambda path: Usage(10**12, 10**12 - 3 * 10**9, 3 * 10**9))
+    with pytest.raises(InputError) as refused:
+        disk.check_free_disk(plan, shards, margin_gb=1)
+    message = str(refused.value)
+    assert str(shards) in message and "3.00 GB free" in message and "5.00 GB extraction needs" in message
+    assert "4.00 GB of shards still to write" in message and "hidden_states.free_disk_margin_gb" in message
+    monkeypatch.setattr(disk.shutil, "disk_usage", lambda path: Usage(10**12, 0, 6 * 10**9))
+    assert disk.check_free_disk(plan, shards / "not_made_yet", margin_gb=1) == (6 * 10**9, 5 * 10**9)
+
+
+def test_extraction_refuses_to_start_on_a_disk_without_room_and_writes_nothing(workdir):
+    """A real run: with a margin no disk has, the shard job fails at once, its log says why in
+    one line, no shard is written, and the shards already there stay."""
+    shard = workdir / "results/hidden_states/shard_00001.safetensors"
+    others = {p: p.stat().st_mtime_ns for p in shard.parent.glob("shard_*.safetensors") if p != shard}
+    shard.unlink()
+    edit_config(workdir, {"hidden_states": {"free_disk_margin_gb": 10**9}})  # an exabyte
+    result = snakemake(workdir, str(shard.relative_to(workdir)), check=False)
+    assert result.returncode != 0 and not shard.exists()
+    log = (workdir / "results/logs/hidden_states/shard_00001.log").read_text()
+    line = next(line for line in log.splitlines() if "GB free, below the" in line)
+    assert str(Path(workdir / "results/hidden_states")) in line and "hidden_states.free_disk_margin_gb" in line
+    assert "Traceback" not in log
+    assert {p: p.stat().st_mtime_ns for p in others} == others
