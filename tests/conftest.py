@@ -95,6 +95,14 @@ def built(tmp_path_factory):
     return workdir
 
 
+@pytest.fixture(scope="session")
+def report_html(built, tmp_path_factory):
+    """The built workflow's Snakemake report (`snakemake --report`), built once per session."""
+    report = tmp_path_factory.mktemp("report") / "report.html"
+    snakemake(built, "--report", str(report))
+    return report
+
+
 def processes_in(workdir):
     """Command lines of the live processes running in `workdir` (an engine service and vLLM's processes included)."""
     found = []

@@ -30,7 +30,8 @@ def test_planned_hidden_states_bytes_are_within_10_percent_of_the_shards_on_disk
     report = json.loads((built / "results/data/tokenize_report.json").read_text())
     assert (plan["tokens"], plan["generated_tokens"], plan["samples"]) == (
         report["tokens"], report["generated_tokens"], report["samples_out"])
-    assert plan["free_disk_bytes"] > 0 and plan["extraction_host_ram_bytes"] > 2 * max(s["bytes"] for s in plan["shards"])
+    assert plan["free_disk_bytes"] > 0
+    assert plan["extraction_host_ram_bytes"] > 2 * max(s["bytes"] for s in plan["shards"])  # + the target on CPU
     stages = {s["stage"]: s for s in plan["stages"]}
     assert stages["generate"]["measured"] and stages["generate"]["estimate_s"] > 0  # this run's benchmark files
     markdown = (built / "results/plan.md").read_text()

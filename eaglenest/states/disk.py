@@ -24,7 +24,7 @@ def check_free_disk(plan_path, shard_dir, margin_gb):
     hidden_states_bytes still needs, less the shards already on disk, plus `margin_gb`.
     Returns (free, needed) bytes."""
     planned = json.loads(Path(plan_path).read_text())["hidden_states_bytes"]
-    written = sum(p.stat().st_size for p in Path(shard_dir).glob("shard_*.safetensors")) if Path(shard_dir).exists() else 0
+    written = sum(p.stat().st_size for p in Path(shard_dir).glob("shard_*.safetensors"))  # none if not made yet
     needed, margin = max(planned - written, 0), int(margin_gb * GB)
     folder = existing_folder(shard_dir)
     free = shutil.disk_usage(folder).free
