@@ -1,4 +1,5 @@
 # make demo: set up .venv and run the whole pipeline on the built-in demo.
+# make report: the run's Snakemake report, results/report.html (plots and tables of every stage).
 # make test: set up .venv, .venv-cluster and Chromium and run the test suite (what CI runs).
 VENV := .venv
 BIN := $(VENV)/bin
@@ -6,7 +7,7 @@ CLUSTER_VENV := .venv-cluster
 CORES ?= 2
 SITE_PACKAGES := import sysconfig; print(sysconfig.get_path("purelib"))
 
-.PHONY: setup setup-cluster setup-browser demo test lint clean
+.PHONY: setup setup-cluster setup-browser demo report test lint clean
 
 setup: $(VENV)/.installed
 setup-cluster: $(CLUSTER_VENV)/.installed
@@ -38,9 +39,17 @@ $(CLUSTER_VENV)/.installed: $(VENV)/.installed
 	$(BIN)/pip --python $(CLUSTER_VENV)/bin/python install --quiet --no-warn-conflicts -e '.[cluster]'
 	touch $@
 
+# The demo ends with its report beside the summary.
 demo: setup
 	$(BIN)/snakemake --cores $(CORES)
+	$(BIN)/snakemake --report results/report.html
 	@cat results/summary.md
+	@echo "report: $(CURDIR)/results/report.html (open it in a browser; make report rebuilds it)"
+
+# The run's Snakemake report, one self-contained HTML file (after make demo, or any complete run)
+report: setup
+	$(BIN)/snakemake --report results/report.html
+	@echo "report: $(CURDIR)/results/report.html (open it in a browser)"
 
 test: setup setup-cluster setup-browser
 	$(BIN)/pytest -q tests

@@ -9,6 +9,10 @@ min_version("9.0")
 configfile: "config.yaml"
 
 
+# The front page of `snakemake --report results/report.html` (make report): what each stage does
+report: "report/workflow.rst"
+
+
 include: "rules/common.smk"
 include: "rules/target.smk"
 include: "rules/generate.smk"
@@ -18,6 +22,7 @@ include: "rules/plan.smk"
 include: "rules/hidden_states.smk"
 include: "rules/train.smk"
 include: "rules/evaluate.smk"
+include: "rules/report.smk"
 
 
 # Every artifact, not just the final ones: Snakemake rebuilds a missing intermediate only when
@@ -40,4 +45,5 @@ rule all:
         rules.agreement_states.output,
         rules.evaluate_vllm.output,
         rules.summary.output,
+        rules.report_figures.output,
     default_target: True

@@ -23,9 +23,6 @@ rule hidden_states:
     input:
         unpack(split_part("shard_samples", "shard")),
         target=TARGET,
-        # read for the disk guard, and so the plan is made before extraction starts; ancient: a
-        # new plan (another free-disk reading, a speed setting) re-extracts nothing
-        plan=ancient(PLAN_JSON),
     output:
         shard=SHARD,
     wildcard_constraints:

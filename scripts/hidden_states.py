@@ -9,7 +9,6 @@ if __name__ == "__main__":  # the vLLM backend starts processes that may import 
         snakemake.input.part,
         snakemake.input.target,
         snakemake.output.shard,
-        snakemake.input.plan,
         backend=snakemake.params.backend,
         aux_layer_ids=snakemake.params.aux_layer_ids,
         dtype=snakemake.params.dtype,

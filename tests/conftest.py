@@ -36,7 +36,7 @@ def demo_target(tmp_path_factory):
     return out
 
 
-WORKFLOW_FILES = ["Snakefile", "config.yaml", "rules", "scripts", "schemas", "envs", "eaglenest", "resources"]
+WORKFLOW_FILES = ["Snakefile", "config.yaml", "rules", "scripts", "schemas", "envs", "eaglenest", "resources", "report"]
 FAST = {  # the demo, shrunk so that a whole run takes a few minutes on 2 cores
     "demo_target": {"steps": 40, "batch_size": 8, "seq_len": 128},
     "generate": {"max_tokens": 64},

@@ -21,7 +21,8 @@ MANIFEST = "results/hidden_states/manifest.json"
 RAW = "results/responses/raw_responses.jsonl"
 NUM_SHARDS = 3  # conftest.FAST
 DOWNSTREAM_OF_TRAINING = {"train_drafter", "export_eagle", "check_drafter", "evaluate_offline", "vllm_runs", "agreement_states",
-                          "evaluate_vllm", "summary", "all"}
+                          "evaluate_vllm", "summary", "report_figures", "all"}
+PLAN = {"plan", "report_figures", "all"}  # the plan and the report that shows it
 
 
 def shard_files(workdir):
@@ -85,15 +86,15 @@ def test_editing_one_sample_reextracts_only_its_shard_and_dry_run_names_it(workd
 @pytest.mark.parametrize(
     "update, reruns, shards",
     [
-        ({"hidden_states": {"aux_layer_ids": [1, 4, 6]}}, {"hidden_states", "hidden_states_manifest"} | DOWNSTREAM_OF_TRAINING, 3),
-        ({"hidden_states": {"dtype": "bfloat16"}}, {"hidden_states", "hidden_states_manifest"} | DOWNSTREAM_OF_TRAINING, 3),
+        ({"hidden_states": {"aux_layer_ids": [1, 4, 6]}}, {"hidden_states", "hidden_states_manifest"} | PLAN | DOWNSTREAM_OF_TRAINING, 3),
+        ({"hidden_states": {"dtype": "bfloat16"}}, {"hidden_states", "hidden_states_manifest"} | PLAN | DOWNSTREAM_OF_TRAINING, 3),
         ({"demo_target": {"seed": 1}}, "everything", 3),
-        ({"tokenize": {"max_seq_len": 100}}, {"tokenize", "token_freq", "vocab_map", "shard_samples", "hidden_states", "hidden_states_manifest"} | DOWNSTREAM_OF_TRAINING, 3),
-        ({"train": {"lr": 0.002}}, DOWNSTREAM_OF_TRAINING, 0),
-        ({"train": {"epochs": 3, "tokens_per_step": 80}}, DOWNSTREAM_OF_TRAINING, 0),
-        ({"vocab": {"draft_vocab_size": 96}}, {"vocab_map"} | DOWNSTREAM_OF_TRAINING, 0),
-        ({"eval": {"max_prompts": 40}}, {"vllm_runs", "agreement_states", "evaluate_vllm", "summary", "all"}, 0),
-        ({"eval": {"agreement_tolerance": 0.1}}, {"evaluate_vllm", "summary", "all"}, 0),  # the check alone, no vLLM run
+        ({"tokenize": {"max_seq_len": 100}}, {"tokenize", "token_freq", "vocab_map", "shard_samples", "hidden_states", "hidden_states_manifest"} | PLAN | DOWNSTREAM_OF_TRAINING, 3),
+        ({"train": {"lr": 0.002}}, DOWNSTREAM_OF_TRAINING, 0),  # the plan does not depend on it
+        ({"train": {"epochs": 3, "tokens_per_step": 80}}, PLAN | DOWNSTREAM_OF_TRAINING, 0),  # epochs: the plan's training time
+        ({"vocab": {"draft_vocab_size": 96}}, {"vocab_map"} | PLAN | DOWNSTREAM_OF_TRAINING, 0),
+        ({"eval": {"max_prompts": 40}}, {"vllm_runs", "agreement_states", "evaluate_vllm", "summary", "report_figures", "all"}, 0),
+        ({"eval": {"agreement_tolerance": 0.1}}, {"evaluate_vllm", "summary", "report_figures", "all"}, 0),  # the check alone, no vLLM run
     ],
 )
 def test_config_changes_plan_exactly_their_stages(workdir, update, reruns, shards):
@@ -107,22 +108,27 @@ def test_config_changes_plan_exactly_their_stages(workdir, update, reruns, shard
 
 
 @pytest.mark.parametrize(
-    "update",
+    "update, reruns",
     [
-        {"vllm": {"gpu_memory_utilization": 0.25}},
-        {"vllm": {"max_num_seqs": 8, "max_num_batched_tokens": 2048}},
-        {"vllm": {"enforce_eager": False, "attention_backend": "CPU_ATTN", "tensor_parallel_size": 2}},
-        {"train": {"checkpoint_every": 7, "num_processes": 2, "device": "cpu"}},
-        {"hidden_states": {"device": "cuda", "batch_tokens": 512}},
-        {"train": {"num_workers": 2, "pin_memory": True, "activation_checkpointing": True, "bf16": True}},
-        {"eval": {"max_tokens_per_batch": 64}},
+        ({"vllm": {"gpu_memory_utilization": 0.25}}, set()),
+        ({"vllm": {"max_num_seqs": 8, "max_num_batched_tokens": 2048}}, set()),
+        ({"vllm": {"enforce_eager": False, "attention_backend": "CPU_ATTN", "tensor_parallel_size": 2}}, set()),
+        ({"train": {"checkpoint_every": 7}}, set()),
+        ({"train": {"num_processes": 2, "device": "cpu"}}, PLAN),  # its memory per process
+        ({"hidden_states": {"batch_tokens": 512}}, set()),
+        ({"hidden_states": {"device": "cuda", "free_disk_margin_gb": 5}}, PLAN),  # its host RAM; its margin
+        ({"train": {"num_workers": 2, "pin_memory": True}}, set()),
+        ({"train": {"activation_checkpointing": True, "bf16": True}}, PLAN),  # its training memory
+        ({"eval": {"max_tokens_per_batch": 64}}, set()),
     ],
-    ids=lambda update: ",".join(f"{section}.{key}" for section, keys in update.items() for key in keys),
+    ids=lambda update: ",".join(f"{section}.{key}" for section, keys in update.items() for key in keys)
+    if isinstance(update, dict) else "",
 )
-def test_settings_of_speed_or_placement_plan_nothing(workdir, update):
-    """Where and how fast a stage runs leaves its artifacts as they are (README "Rebuilding")."""
+def test_settings_of_speed_or_placement_plan_nothing_but_the_plan(workdir, update, reruns):
+    """Where and how fast a stage runs leaves its artifacts as they are (README "Rebuilding"):
+    only the plan, which is about memory and placement, and the report showing it are redone."""
     edit_config(workdir, update)
-    assert planned(workdir) == {}
+    assert set(planned(workdir)) == reruns
 
 
 def test_engine_settings_that_define_artifacts_still_rebuild(workdir):
@@ -255,6 +261,7 @@ def test_readme_rebuilding_commands_do_what_they_say(workdir):
     [
         ("data/vocab.py", {"token_freq", "vocab_map"} | DOWNSTREAM_OF_TRAINING),
         ("evaluate/summary.py", {"summary", "all"}),
+        ("plan/rates.py", {"plan", "report_figures", "all"}),  # the report's stages table reads benchmark files with it
         ("demo/data.py", set()),  # builds resources/demo; no rule imports it
     ],
 )

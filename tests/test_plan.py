@@ -10,6 +10,7 @@ import pytest
 
 from conftest import REPO, edit_config, snakemake
 from eaglenest.states import disk
+from eaglenest.states.shards import shard_bytes
 from eaglenest.train.memory import BETWEEN_STEPS
 from eaglenest.workflow.errors import InputError
 
@@ -70,21 +71,23 @@ def test_planned_training_memory_is_within_20_percent_of_the_measured_peak(tmp_p
     assert abs(measured / (terms["peak"] - held) - 1) <= 0.20, (measured, terms["peak"] - held)
 
 
-def test_the_guard_names_free_and_needed_bytes_and_the_folder(tmp_path, monkeypatch):
-    plan = tmp_path / "plan.json"
-    plan.write_text(json.dumps({"hidden_states_bytes": 5 * 10**9}))
-    shards = tmp_path / "hidden_states"
+def test_the_guard_sizes_the_shards_not_yet_written_and_names_both_numbers_and_the_folder(tmp_path, monkeypatch):
+    parts, shards = tmp_path / "parts", tmp_path / "hidden_states"
+    parts.mkdir()
     shards.mkdir()
-    with open(shards / "shard_00000.safetensors", "wb") as f:  # already written (sparse): not needed again
-        f.truncate(10**9)
+    (parts / "sizes.json").write_text(json.dumps({"records": [2, 3, 0], "tokens": [100, 200, 0]}))
+    (shards / "shard_00000.safetensors").write_bytes(b"written")  # on disk: not needed again
+    geometry = dict(hidden_size=1000, dtype_bytes=2, aux_layers=3)
+    needed = disk.bytes_to_write(parts, shards, **geometry)
+    assert needed == shard_bytes(200, 3, **geometry) + shard_bytes(0, 0, **geometry) == 200 * 8009 + 8 * 4 + 32 + 40  # tokens, offsets, digest; the empty shard
     monkeypatch.setattr(disk.shutil, "disk_usage", lambda path: Usage(10**12, 10**12 - 3 * 10**9, 3 * 10**9))
     with pytest.raises(InputError) as refused:
-        disk.check_free_disk(plan, shards, margin_gb=1)
+        disk.check_free_disk(4 * 10**9, shards, margin_gb=1)
     message = str(refused.value)
     assert str(shards) in message and "3.00 GB free" in message and "5.00 GB extraction needs" in message
     assert "4.00 GB of shards still to write" in message and "hidden_states.free_disk_margin_gb" in message
-    monkeypatch.setattr(disk.shutil, "disk_usage", lambda path: Usage(10**12, 0, 6 * 10**9))
-    assert disk.check_free_disk(plan, shards / "not_made_yet", margin_gb=1) == (6 * 10**9, 5 * 10**9)
+    monkeypatch.setattr(disk.shutil, "disk_usage", lambda path: Usage(10**12, 0, 5 * 10**9))
+    assert disk.check_free_disk(4 * 10**9, shards / "not_made_yet", margin_gb=1) == 5 * 10**9  # read at its parent
 
 
 def test_extraction_refuses_to_start_on_a_disk_without_room_and_writes_nothing(workdir):

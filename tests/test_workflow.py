@@ -12,7 +12,7 @@ from conftest import FAST_PROMPTS, REPO, edit_config, mtimes, new_workdir, plann
 ALL_RULES = {  # tokenize and everything downstream of it
     "tokenize", "token_freq", "vocab_map", "shard_samples", "hidden_states", "hidden_states_manifest",
     "train_drafter", "export_eagle", "check_drafter", "evaluate_offline", "vllm_runs", "agreement_states", "evaluate_vllm",
-    "summary", "all",
+    "summary", "plan", "report_figures", "all",
 }
 UPSTREAM = {"build_demo_target", "split_prompts", "generate_part", "generate_responses"}
 
@@ -72,8 +72,9 @@ def test_comment_and_whitespace_edits_rebuild_nothing(workdir, module):
 
 def test_story3_draft_vocab_size_reruns_vocab_training_and_evaluation_only(workdir):
     edit_config(workdir, {"vocab": {"draft_vocab_size": 96}})
-    assert set(planned(workdir)) == {"vocab_map", "train_drafter", "export_eagle", "check_drafter", "evaluate_offline",
-                                     "vllm_runs", "agreement_states", "evaluate_vllm", "summary", "all"}
+    assert set(planned(workdir)) == {"vocab_map", "plan", "train_drafter", "export_eagle", "check_drafter",
+                                     "evaluate_offline", "vllm_runs", "agreement_states", "evaluate_vllm", "summary",
+                                     "report_figures", "all"}
     snakemake(workdir)
     coverage = json.loads((workdir / "results/vocab/coverage.json").read_text())
     assert coverage["draft_vocab_size"] == 96

@@ -3,7 +3,9 @@
 import logging
 from pathlib import Path
 
-from eaglenest.states.disk import GB, check_free_disk
+from eaglenest.data.target import target_config
+from eaglenest.states.convention import DTYPES, resolve_aux_layer_ids
+from eaglenest.states.disk import GB, bytes_to_write, check_free_disk
 from eaglenest.states.hf import extract_shard
 from eaglenest.states.parts import read_part
 from eaglenest.states.vllm_extract import EXTRACTOR, write_empty_shard
@@ -13,8 +15,8 @@ from eaglenest.workflow.engine_service import engine_service
 log = logging.getLogger(__name__)
 
 
-def extract_shard_part(part_path, target_dir, shard_path, plan_path, *, backend, aux_layer_ids, dtype, device,
-                       batch_tokens, vllm, trust_remote_code, engine_log, free_disk_margin_gb):
+def extract_shard_part(part_path, target_dir, shard_path, *, backend, aux_layer_ids, dtype, device, batch_tokens, vllm,
+                       trust_remote_code, engine_log, free_disk_margin_gb):
     """The samples of `part_path`, extracted into `shard_path`.
 
     backend "hf": transformers on `device`, `batch_tokens` padded tokens per forward; "vllm": the
@@ -22,11 +24,15 @@ def extract_shard_part(part_path, target_dir, shard_path, plan_path, *, backend,
     see eaglenest.states.vllm_extract, in this run's hidden_states engine service (one target
     load for all shards, its log in `engine_log`; eaglenest.workflow.engine_service).
     trust_remote_code (config target.trust_remote_code): whether the target's own code may run.
-    Refuses to start when the disk cannot take the shards still to write (eaglenest.states.disk:
-    the plan's hidden_states_bytes plus `free_disk_margin_gb`).
+    Refuses to start when the disk cannot take the shards still to write, plus
+    `free_disk_margin_gb` (eaglenest.states.disk).
     """
-    free, needed = check_free_disk(plan_path, Path(shard_path).parent, free_disk_margin_gb)
-    log.info("disk: %.2f GB free, %.2f GB of shards still to write (%s)", free / GB, needed / GB, plan_path)
+    tc = target_config(target_dir)
+    needed = bytes_to_write(Path(part_path).parent, Path(shard_path).parent, hidden_size=tc["hidden_size"],
+                            dtype_bytes=DTYPES[dtype].itemsize,
+                            aux_layers=len(resolve_aux_layer_ids(aux_layer_ids, tc["num_hidden_layers"])))
+    free = check_free_disk(needed, Path(shard_path).parent, free_disk_margin_gb)
+    log.info("disk: %.2f GB free, %.2f GB of shards still to write", free / GB, needed / GB)
     samples = read_part(part_path)
     log.info("%s: %d samples, %s backend", part_path, len(samples), backend)
     if backend == "vllm":

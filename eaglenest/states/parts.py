@@ -9,15 +9,17 @@ eaglenest.workflow.parts, which the generation parts use too.
 
 from eaglenest.workflow.jsonl import read_objects
 from eaglenest.workflow.parts import part_of as shard_of
-from eaglenest.workflow.parts import part_paths, sha256_file, split_lines
+from eaglenest.workflow.parts import SIZES, part_paths, sha256_file, split_lines
 
-__all__ = ["shard_of", "part_paths", "sha256_file", "split_tokenized", "read_part"]
+__all__ = ["shard_of", "part_paths", "sha256_file", "split_tokenized", "read_part", "SIZES"]
 
 
 def split_tokenized(tokenized_path, parts_dir, num_shards):
     """Write the samples of each shard (by shard_of) to its part in `parts_dir`, lines verbatim in
-    file order, and each part's sha256 beside it (see part_paths). The folder is replaced whole."""
-    counts = split_lines(tokenized_path, parts_dir, num_shards)
+    file order, and each part's sha256 beside it (see part_paths), and the samples and tokens of
+    every part (SIZES: what the disk guard sizes the shards still to write from). The folder is
+    replaced whole."""
+    counts = split_lines(tokenized_path, parts_dir, num_shards, tokens_of=lambda sample: len(sample["input_ids"]))
     return {"num_shards": num_shards, "samples_per_shard": counts}
 
 

@@ -16,10 +16,14 @@ one to another part.
 """
 
 import hashlib
+import json
 from pathlib import Path
 
 from eaglenest.workflow.atomic import atomic_dir
 from eaglenest.workflow.jsonl import jsonl_lines
+
+
+SIZES = "sizes.json"  # {"records": [...], "tokens": [...]} per part, when split_lines counts tokens
 
 
 def part_of(record_id, num_parts):
@@ -41,18 +45,24 @@ def part_paths(parts_dir, index):
     return Path(parts_dir) / f"part_{index:05d}.jsonl", Path(parts_dir) / f"part_{index:05d}.sha256"
 
 
-def split_lines(path, parts_dir, num_parts, record_id=lambda where, obj: obj["id"]):
+def split_lines(path, parts_dir, num_parts, record_id=lambda where, obj: obj["id"], tokens_of=None):
     """Write each record of the JSONL file `path` to its part in `parts_dir` (part_of its id,
     `record_id(where, obj)`), lines verbatim in file order (a last line without its newline gets
     one), and each part's sha256 beside it (see part_paths). The folder is replaced whole; every
-    part is written, empty ones too. Returns the number of records per part."""
+    part is written, empty ones too. Returns the number of records per part. tokens_of(obj):
+    a record's tokens, whose sum per part goes to SIZES in the folder with the record counts."""
     parts = [[] for _ in range(num_parts)]
+    tokens = [0] * num_parts
     for where, line, obj in jsonl_lines(path):
-        parts[part_of(record_id(where, obj), num_parts)].append(line.encode() if line.endswith("\n")
-                                                                else (line + "\n").encode())
+        index = part_of(record_id(where, obj), num_parts)
+        parts[index].append(line.encode() if line.endswith("\n") else (line + "\n").encode())
+        tokens[index] += tokens_of(obj) if tokens_of else 0
+    counts = [len(lines) for lines in parts]
     with atomic_dir(parts_dir) as tmp:
         for index, lines in enumerate(parts):
             part, digest = part_paths(tmp, index)
             part.write_bytes(b"".join(lines))
             digest.write_text(sha256_file(part) + "\n")
-    return [len(lines) for lines in parts]
+        if tokens_of:
+            (Path(tmp) / SIZES).write_text(json.dumps({"records": counts, "tokens": tokens}) + "\n")
+    return counts

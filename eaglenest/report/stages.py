@@ -1,0 +1,147 @@
+"""The Stages table: what each stage did in this run, one row per stage: what it consumed and
+produced, with counts from its artifacts and the wall time from its benchmark files."""
+
+from pathlib import Path
+
+import pandas as pd
+
+from eaglenest.plan.rates import benchmark_span
+from eaglenest.report.common import DASH, count, duration, percent, read_benchmark, read_json, size_bytes, write_tables
+from eaglenest.report.train import read_train_log, ttt_steps
+
+
+def benchmarks(benchmark_dir, pattern):
+    """(paths, records) of the benchmark files of a stage's jobs: benchmark_dir/<pattern> (a glob
+    for a stage of several jobs)."""
+    paths = [p for p in sorted(Path(benchmark_dir).glob(pattern)) if read_benchmark(p)]
+    return paths, [read_benchmark(p) for p in paths]
+
+
+def _times(paths, records):
+    """(jobs, wall time, peak RSS) cells. Several jobs may run at once (generate_part's share one
+    engine), so their wall time is the span from the first start to the last end, with the
+    longest job beside it."""
+    if not records:
+        return DASH, DASH, DASH
+    seconds = [r["s"] for r in records]
+    rss = [r["max_rss_mib"] for r in records if r["max_rss_mib"] is not None]
+    wall = (duration(seconds[0]) if len(records) == 1 else
+            f"{duration(benchmark_span(paths))} (longest job {duration(max(seconds))})")
+    return count(len(records)), wall, size_bytes(max(rss) * 2**20) if rss else DASH
+
+
+def _row(stage, rules, consumed, produced, bench=((), ())):
+    jobs, wall, rss = _times(*bench)
+    return {"stage": stage, "rules": rules, "consumed": consumed, "produced": produced,
+            "jobs benchmarked": jobs, "wall time": wall, "peak RSS": rss}
+
+
+def _target_row(a, demo_target):
+    manifest = a["manifest"]
+    geometry = (f"{manifest['num_layers']} layers, hidden size {manifest['hidden_size']:,}, "
+                f"{manifest['target_vocab_size']:,} ids")
+    if demo_target:
+        return _row("target", "build_demo_target", "the demo corpus", f"the demo target: {geometry}")
+    return _row("target", DASH, "target.path (built elsewhere)", f"the target: {geometry}")
+
+
+def _data_rows(a, bench, generated_here):
+    report, cov = a["tokenize"], a["coverage"]
+    rejected = ", ".join(f"{n:,} {why.replace('_', ' ')}" for why, n in report["rejected"].items()) or "none"
+    generate = (_row("generate", "split_prompts, generate_part, generate_responses", "prompts",
+                     f"{count(report['samples_in'])} response records", benchmarks(bench, "generate/part_*.tsv"))
+                if generated_here else
+                _row("generate", DASH, "skipped: data.raw_responses names responses made elsewhere",
+                     f"{count(report['samples_in'])} response records"))
+    return [
+        generate,
+        _row("tokenize", "tokenize", f"{count(report['samples_in'])} response records",
+             f"{count(report['samples_out'])} samples, {count(report['tokens'])} tokens "
+             f"({count(report['generated_tokens'])} generated); {count(report['truncated'])} truncated; "
+             f"dropped: {rejected}"),
+        _row("draft vocabulary", "token_freq, vocab_map", f"{count(cov['generated_tokens'])} generated tokens "
+             f"({count(cov['distinct_generated_tokens'])} distinct ids)",
+             f"{count(cov['draft_vocab_size'])} of {count(cov['target_vocab_size'])} ids, covering "
+             f"{percent(cov['coverage'])} of generated tokens"),
+    ]
+
+
+def _plan_row(a):
+    plan = a["plan"]
+    known = [s["estimate_s"] for s in plan.get("stages", []) if s.get("estimate_s") is not None]
+    return _row("plan", "plan", f"{count(plan.get('tokens'))} tokens of {count(plan.get('samples'))} samples",
+                f"{size_bytes(plan.get('hidden_states_bytes'))} of hidden states to write "
+                f"({size_bytes(plan.get('free_disk_bytes'))} free), {size_bytes(plan.get('training_gpu_memory_bytes'))} "
+                f"training memory per process, {duration(sum(known)) if known else DASH} of stage time foreseen")
+
+
+def _states_row(a, bench, manifest_path):
+    manifest = a["manifest"]
+    folder = Path(manifest_path).parent
+    stored = sum((folder / s["file"]).stat().st_size for s in manifest["shards"] if (folder / s["file"]).is_file())
+    samples = sum(len(s["sample_ids"]) for s in manifest["shards"])
+    tokens = sum(s["num_tokens"] for s in manifest["shards"])
+    return _row("hidden states", "shard_samples, hidden_states, hidden_states_manifest",
+                f"{count(samples)} samples, the target ({manifest['num_layers']} layers)",
+                f"{count(len(manifest['shards']))} shards, {count(tokens)} tokens, {size_bytes(stored)} "
+                f"({manifest['dtype']}, aux layers {manifest['aux_layer_ids']})",
+                benchmarks(bench, "hidden_states/shard_*.tsv"))
+
+
+def _train_row(a, bench):
+    log = a["train_log"]
+    last = log.iloc[-1]
+    accs = " / ".join(f"{last[f'acc_{k}']:.2f}" for k in ttt_steps(log, "acc"))
+    return _row("train", "train_drafter, export_eagle, check_drafter", "the hidden-state shards, d2t / t2d",
+                f"a drafter after {count(last['step'])} steps over {int(last['epoch']) + 1} epochs "
+                f"({count(last['tokens'])} supervised tokens); final weighted loss {last['loss']:.3f}, accuracy per "
+                f"TTT step {accs}; pre-flight check " + ("passed" if a["check"].get("ok") else "failed"),
+                benchmarks(bench, "train_drafter.tsv"))
+
+
+def _evaluate_rows(a, bench):
+    offline, online, layers = a["offline"], a["vllm"], a["agreement"]
+    rates = " / ".join(f"{r:.2f}" for r in online["acceptance_rate_per_position"])
+    served = " / ".join(f"{r:.2f}" for r in offline["served"]["acceptance_rate_per_position"])
+    return [
+        _row("offline evaluation", "evaluate_offline", f"{count(offline['heldout_samples'])} held-out samples "
+             f"({count(offline['heldout_tokens'])} tokens)", f"acceptance {served} at vLLM's anchors, mean "
+             f"acceptance length {offline['served']['mean_acceptance_length']:.2f}",
+             benchmarks(bench, "evaluate_offline.tsv")),
+        _row("vLLM runs", "vllm_runs", f"{count(online['prompts'])} held-out prompts, the drafter",
+             f"{count(online['generated_tokens'])} tokens each way: {online['tokens_per_s_with_speculation']:,.0f} "
+             f"tokens/s with the drafter, {online['tokens_per_s_without_speculation']:,.0f} without "
+             f"({online['speedup']:.2f}x); acceptance {rates}", benchmarks(bench, "vllm_runs.tsv")),
+        _row("agreement states", "agreement_states", "vLLM's greedy text", f"the target's states of "
+             f"{count(layers['num_samples'])} samples, {count(layers['num_tokens'])} tokens "
+             f"({layers['backend']} backend)", benchmarks(bench, "agreement_states.tsv")),
+        _row("vLLM evaluation", "evaluate_vllm", "vLLM's counters, the agreement states",
+             f"offline and vLLM agree within {online['max_disagreement']:.3f} per position (tolerance "
+             f"{online['agreement_tolerance']}); greedy text " + ("unchanged" if online["greedy_text_unchanged"]
+                                                                  else "changed"), benchmarks(bench, "evaluate_vllm.tsv")),
+    ]
+
+
+def stages_table(paths, benchmark_dir, *, generated_here, demo_target):
+    """DataFrame, one row per stage of this run, from the artifacts in `paths` (keys: plan, tokenize,
+    coverage, manifest, train_log, check, offline, vllm, agreement: the agreement states' folder).
+    generated_here: the target answered the prompts in this workflow (no data.raw_responses);
+    demo_target: the target is the demo's, built here."""
+    a = {key: read_json(paths[key]) for key in ("plan", "tokenize", "coverage", "manifest", "check", "offline", "vllm")}
+    a["train_log"] = read_train_log(paths["train_log"])
+    a["agreement"] = read_json(Path(paths["agreement"]) / "layers.json")
+    rows = [_target_row(a, demo_target), *_data_rows(a, benchmark_dir, generated_here), _plan_row(a),
+            _states_row(a, benchmark_dir, paths["manifest"]),
+            _train_row(a, benchmark_dir), *_evaluate_rows(a, benchmark_dir)]
+    return pd.DataFrame(rows)
+
+
+def write_stages_table(paths, benchmark_dir, table_path, *, generated_here, demo_target):
+    """What each stage did in this run, as an HTML table (see stages_table)."""
+    note = ("One row per stage of this run: what it read, what it wrote, and, for the stages Snakemake "
+            "benchmarks (the GPU stages), the wall time and peak memory of their jobs. The other stages "
+            "take seconds; their run times are under Statistics.")
+    write_tables(table_path, "What each stage did in this run",
+                 [(None, stages_table(paths, benchmark_dir, generated_here=generated_here,
+                                          demo_target=demo_target))], note,
+                 numeric={"jobs benchmarked", "wall time", "peak RSS"})

@@ -1,0 +1,294 @@
+"""The report (rules/report.smk, eaglenest/report): each figure and table on small real inputs, in
+the artifacts' own formats, and `snakemake --report` on the built test workflow holding every
+category, figure and caption. (tests/test_report_browser.py opens that report in a browser.)"""
+
+import base64
+import html
+import json
+import re
+from pathlib import Path
+
+import pytest
+import torch
+
+from eaglenest.data.vocab import vocab_map
+from eaglenest.evaluate.acceptance import acceptance
+from eaglenest.report.common import percent
+from eaglenest.report.data import (coverage_curve, coverage_table, plot_coverage, plot_sample_lengths,
+                                   sample_lengths, write_coverage_table)
+from eaglenest.report.evaluate import plot_acceptance, plot_speed, write_acceptance_table
+from eaglenest.report.plan import write_plan_table
+from eaglenest.report.stages import stages_table
+from eaglenest.report.states import plot_shards, shard_rows
+from eaglenest.report.train import plot_training
+from eaglenest.train.loop import log_columns, write_tsv
+from eaglenest.workflow.atomic import save_torch, write_json
+
+# What rules/report.smk puts in the report: {category: the files under results/report/}
+CATEGORIES = {
+    "Plan": {"plan.html"},
+    "Data": {"sample_lengths.svg", "vocab_coverage.svg", "vocab_coverage.html"},
+    "Hidden states": {"shards.svg"},
+    "Training": {"training.svg"},
+    "Evaluation": {"acceptance.svg", "acceptance.html", "speed.svg"},
+    "Stages": {"stages.html"},
+}
+BENCHMARK_HEADER = "s\th:m:s\tmax_rss\tmax_vms\tmax_uss\tmax_pss\tio_in\tio_out\tmean_load\tcpu_time\n"
+
+
+def text_of(path_or_text):
+    """What a person reads in an SVG (text stays text: svg.fonttype none) or an HTML page: the
+    text between the tags, entities decoded, whitespace collapsed."""
+    text = Path(path_or_text).read_text() if isinstance(path_or_text, Path) else path_or_text
+    return " ".join(html.unescape(re.sub(r"<[^>]+>", " ", text)).split())
+
+
+def zipf_counts(vocab, total=10**6):
+    """int64 [vocab]: Zipf-like counts of each generated id, as token_freq.pt holds them."""
+    return (total / torch.arange(1, vocab + 1, dtype=torch.float64)).long()
+
+
+def test_the_coverage_curve_is_what_vocab_map_keeps(tmp_path):
+    counts = torch.tensor([5, 0, 9, 9, 1, 3, 0, 2] * 40, dtype=torch.int64)  # ties and unseen ids
+    save_torch(tmp_path / "freq.pt", counts)
+    for size in (1, 7, 50, 320):
+        coverage = vocab_map(tmp_path / "freq.pt", tmp_path / "d2t.pt", tmp_path / "t2d.pt", tmp_path / "cov.json",
+                             draft_vocab_size=size)
+        assert coverage_curve(counts.numpy())[size - 1] == pytest.approx(coverage["coverage"])
+    curve = coverage_curve(counts.numpy())
+    assert (curve[1:] >= curve[:-1]).all() and curve[-1] == pytest.approx(1.0)
+
+
+def test_the_coverage_table_caps_at_the_target_vocab_and_marks_the_chosen_size(tmp_path):
+    counts = zipf_counts(20_000)
+    curve = coverage_curve(counts.numpy())
+    table = coverage_table(counts.numpy(), 12_000).set_index("draft vocab size")
+    assert list(table.index) == ["8,192 (8K)", "12,000", "16,384 (16K)", "32,768 (32K)", "65,536 (64K)"]
+    assert table.loc["8,192 (8K)", "generated tokens covered"] == percent(curve[8191])
+    assert table.loc["16,384 (16K)", "ids kept"] == "16,384" and table.loc["32,768 (32K)", "ids kept"] == "20,000"
+    assert table.loc["12,000", "note"] == "chosen (vocab.draft_vocab_size)"
+    assert "capped" in table.loc["65,536 (64K)", "note"] and not table.loc["16,384 (16K)", "note"]
+    assert table.loc["65,536 (64K)", "generated tokens covered"] == "100.00%"
+    save_torch(tmp_path / "freq.pt", counts)
+    write_coverage_table(tmp_path / "freq.pt", tmp_path / "coverage.html", draft_vocab_size=12_000)
+    page = text_of(tmp_path / "coverage.html")
+    assert f"8,192 (8K) 8,192 41.0% {percent(curve[8191])}" in page
+    assert "chosen (vocab.draft_vocab_size)" in page and "capped: the target has 20,000 ids" in page
+    assert f"Out of {int(counts.sum()):,} generated tokens (20,000 distinct ids" in page
+
+
+@pytest.mark.parametrize("vocab", [512, 20_000])
+def test_the_coverage_plot_marks_the_sizes_that_fit_and_the_chosen_one(tmp_path, vocab):
+    counts = zipf_counts(vocab)
+    counts[vocab // 2:] = 0  # half the vocabulary never generated
+    save_torch(tmp_path / "freq.pt", counts)
+    plot_coverage(tmp_path / "freq.pt", tmp_path / "coverage.svg", draft_vocab_size=128)
+    text = text_of(tmp_path / "coverage.svg")
+    curve = coverage_curve(counts.numpy())
+    assert "draft vocabulary size N (ids, log scale)" in text and "generated tokens covered (%)" in text
+    assert f"chosen: 128 ids, {100 * curve[127]:.1f}%" in text and f"target vocabulary: {vocab:,} ids" in text
+    if vocab == 512:  # the demo's: every common size is past the whole vocabulary
+        assert "8K, 16K, 32K, 64K: at least the whole target vocabulary (512 ids): 100%" in text
+    else:
+        assert f"8K: {100 * curve[8191]:.1f}%" in text and f"16K: {100 * curve[16383]:.1f}%" in text
+        assert "32K, 64K: at least the whole target vocabulary (20,000 ids): 100%" in text
+    assert f"{vocab // 2:,} distinct ids were generated" in text
+
+
+def test_the_sample_lengths_histogram_marks_max_seq_len_and_the_truncated(tmp_path):
+    lengths = [5, 9, 12, 20, 20, 33, 40, 64, 64]
+    with open(tmp_path / "tokenized.jsonl", "w") as f:
+        for i, n in enumerate(lengths):
+            f.write(json.dumps({"id": str(i), "input_ids": [1] * n, "loss_mask": [0] * 3 + [1] * (n - 3)}) + "\n")
+    report = {"samples_in": 12, "samples_out": 9, "tokens": sum(lengths), "generated_tokens": sum(lengths) - 27,
+              "truncated": 2, "rejected": {"no_generated_tokens": 3}}
+    write_json(tmp_path / "report.json", report)
+    assert [list(a) for a in sample_lengths(tmp_path / "tokenized.jsonl")] == [lengths, [n - 3 for n in lengths]]
+    plot_sample_lengths(tmp_path / "tokenized.jsonl", tmp_path / "report.json", tmp_path / "lengths.svg",
+                        max_seq_len=64, overlong="truncate")
+    text = text_of(tmp_path / "lengths.svg")
+    for expected in ["Sample lengths after tokenization", "length (tokens)", "samples", "tokenize.max_seq_len = 64",
+                     "12 records in, 9 samples kept", "2 truncated to 64 tokens (tokenize.overlong: truncate)",
+                     "0 dropped as too long", "3 dropped with no generated token", "generated tokens (loss_mask = 1)"]:
+        assert expected in text, expected
+
+
+def test_the_shards_plot_gives_tokens_and_the_rate_of_each_shard(tmp_path):
+    shards = [{"file": f"shard_{i:05d}.safetensors", "sample_ids": [str(j) for j in range(i + 2)],
+               "num_tokens": 1000 * (i + 1), "content_sha256": "0" * 64} for i in range(3)]
+    write_json(tmp_path / "manifest.json", {"shards": shards, "aux_layer_ids": [2, 4, 5]})
+    bench = tmp_path / "benchmarks"
+    bench.mkdir()
+    for i, seconds in [(0, 2.0), (2, 4.0)]:  # shard 1 has no benchmark file
+        (bench / f"shard_{i:05d}.tsv").write_text(BENCHMARK_HEADER + f"{seconds}\t0:00:0{int(seconds)}\t512.5\t1\t1\t1\t0\t0\t50\t1\n")
+    assert shard_rows(tmp_path / "manifest.json", bench) == [("00000", 2, 1000, 2.0), ("00001", 3, 2000, None),
+                                                             ("00002", 4, 3000, 4.0)]
+    plot_shards(tmp_path / "manifest.json", bench, tmp_path / "shards.svg")
+    text = text_of(tmp_path / "shards.svg")
+    for expected in ["3 shards, 6,000 tokens", "Tokens per shard", "mean 2,000", "Extraction rate per shard (1 without a benchmark)",
+                     "tokens / s (job wall time)", "mean 625 tokens/s", "00000 00001 00002", "shard"]:
+        assert expected in text, expected
+
+
+def write_train_log(path, *, heldout=False):
+    """A train_log.tsv as training writes it (3 TTT steps, 2 epochs); heldout: with held-out
+    columns measured every 20 steps."""
+    columns = log_columns(3)
+    rows = [[step, (step - 1) // 50, 1e-3, 3.0 - step / 100, *[2.0 - step / 100 + k / 10 for k in range(3)],
+             *[0.3 + step / 200 - k / 20 for k in range(3)], 200 * step, step / 10.0] for step in range(10, 101, 10)]
+    if heldout:
+        columns = columns + ["heldout_loss_0", "heldout_acc_0"]
+        rows = [row + ([1.9 - row[0] / 100, 0.35 + row[0] / 200] if row[0] % 20 == 0 else ["", ""]) for row in rows]
+    write_tsv(path, columns, rows)
+
+
+@pytest.mark.parametrize("heldout", [False, True])
+def test_the_training_plot_has_loss_and_accuracy_per_ttt_step(tmp_path, heldout):
+    write_train_log(tmp_path / "train_log.tsv", heldout=heldout)
+    plot_training(tmp_path / "train_log.tsv", tmp_path / "training.svg")
+    text = text_of(tmp_path / "training.svg")
+    for expected in ["Drafter training: 100 optimizer steps, 2 epochs", "Loss per TTT step", "Accuracy per TTT step",
+                     "optimizer step", "cross-entropy against the target (nats / token)",
+                     "top-1 agreement with the target (share)", "TTT step 1, training", "TTT step 3, training",
+                     "epoch start"]:
+        assert expected in text, expected
+    assert ("TTT step 1, held out" in text) == heldout and "TTT step 2, held out" not in text
+
+
+def write_metrics(root):
+    """offline_metrics.json and vllm_metrics.json in their formats (docs/CONTRACTS.md), from
+    accepted lengths of K = 3 drafts."""
+    served = acceptance([3, 3, 2, 1, 0, 3, 2, 3], 3)
+    offline = {"num_speculative_tokens": 3, **acceptance([3, 3, 2, 1, 0, 3, 2, 3, 1, 2], 3), "served": served,
+               "heldout_samples": 4, "heldout_tokens": 120, "heldout_generated_tokens": 60}
+    vllm = {"vllm_version": "0.0-test", "num_speculative_tokens": 3, "prompts": 4, "max_tokens": 16, "concurrency": 4,
+            "generated_tokens": 60, **acceptance([3, 3, 2, 1, 0, 3, 3, 3], 3), "offline_on_vllm_text": served,
+            "tokens_per_s_without_speculation": 400.0, "tokens_per_s_with_speculation": 600.0, "speedup": 1.5,
+            "greedy_text_unchanged": True, "max_disagreement": 0.125, "agreement_tolerance": 0.2}
+    write_json(root / "offline.json", offline)
+    write_json(root / "vllm.json", vllm)
+    return offline, vllm
+
+
+def test_the_acceptance_plot_puts_offline_and_vllm_side_by_side(tmp_path):
+    offline, vllm = write_metrics(tmp_path)
+    plot_acceptance(tmp_path / "offline.json", tmp_path / "vllm.json", tmp_path / "acceptance.svg")
+    text = text_of(tmp_path / "acceptance.svg")
+    assert "Acceptance per position, K = 3 (vLLM 0.0-test, 4 held-out prompts)" in text
+    assert "position 1 position 2 position 3" in text and "acceptance rate (share of drafts accepted through k)" in text
+    for name, figures in [("vLLM (its spec-decode counters)", vllm),
+                          ("offline, on vLLM's greedy text", vllm["offline_on_vllm_text"]),
+                          ("offline, held-out shards", offline["served"])]:
+        assert f"{name} ({figures['num_drafts']:,} drafts)" in text
+        for rate in figures["acceptance_rate_per_position"]:
+            assert f"{rate:.2f}" in text
+
+
+def test_the_speed_plot_gives_acceptance_length_and_tokens_per_second(tmp_path):
+    offline, vllm = write_metrics(tmp_path)
+    plot_speed(tmp_path / "offline.json", tmp_path / "vllm.json", tmp_path / "speed.svg")
+    text = text_of(tmp_path / "speed.svg")
+    for expected in ["Mean acceptance length", "tokens per target forward pass", "without the drafter: 1",
+                     "the most possible: K + 1 = 4", f"{vllm['mean_acceptance_length']:.2f}",
+                     f"{offline['served']['mean_acceptance_length']:.2f}", "vLLM decoding speed, 4 requests at once",
+                     "generated tokens / s", "without the drafter", "with the drafter", "400", "600",
+                     "speedup 1.50x; greedy text unchanged"]:
+        assert expected in text, expected
+
+
+def test_the_acceptance_table_has_the_numbers_behind_the_plots(tmp_path):
+    offline, vllm = write_metrics(tmp_path)
+    write_acceptance_table(tmp_path / "offline.json", tmp_path / "vllm.json", tmp_path / "acceptance.html")
+    page = text_of(tmp_path / "acceptance.html")
+    rates = " ".join(f"{r:.3f}" for r in vllm["acceptance_rate_per_position"])
+    assert f"vLLM (its spec-decode counters) {rates} {vllm['mean_acceptance_length']:.2f} 8" in page
+    assert "offline, held-out shards, a draft at every anchor" in page
+    assert "agree within 0.125 per position (tolerance 0.2)" in page and "600 tokens/s with the drafter" in page
+
+
+def test_the_plan_table_gives_sizes_and_the_time_per_stage(tmp_path):
+    plan = {"samples": 2000, "tokens": 107_073, "generated_tokens": 52_964, "truncated_samples": 3,
+            "hidden_states_bytes": 2**30, "free_disk_bytes": 50 * 2**30, "extraction_host_ram_bytes": 3 * 2**20,
+            "training_gpu_memory_bytes": 17_401_730, "shards": [{"samples": 1, "tokens": 2, "bytes": 3}],
+            "training_memory": {"device": "cpu", "processes": 1, "bf16_autocast": False, "micro_batch_tokens": 256,
+                                "terms": {"weights": 2**20, "activations": 3 * 2**20, "peak": 17_401_730}},
+            "stages": [
+                {"stage": "generate", "work": 52_964, "unit": "generated tokens", "rate": 645.8,
+                 "rate_source": "this run's benchmark files", "estimate_s": 82.0, "measured": True},
+                {"stage": "hidden_states", "work": 107_073, "unit": "tokens", "rate": 3395.6,
+                 "rate_source": "earlier run in this results folder", "estimate_s": 31.5},
+                {"stage": "train_drafter", "work": 383_496, "unit": "supervised tokens", "rate": None,
+                 "rate_source": None, "estimate_s": None}]}
+    write_json(tmp_path / "plan.json", plan)
+    write_plan_table(tmp_path / "plan.json", tmp_path / "plan.html")
+    page = text_of(tmp_path / "plan.html")
+    for expected in ["samples 2,000", "tokens 107,073", "truncated samples 3", "hidden states on disk 1.0 GiB",
+                     "free disk there 50.0 GiB", "host RAM per extraction job 3.0 MiB",
+                     "training memory per process (peak) 16.6 MiB", "training runs on cpu, 1 process(es)",
+                     "generate 52,964 generated tokens 646 generated tokens/s this run's benchmark files 0:01:22 (measured)",
+                     "hidden_states 107,073 tokens 3,396 tokens/s earlier run in this results folder 31.5 s (estimate)",
+                     "train_drafter 383,496 supervised tokens — no rate yet", "total 1 stage(s) without an estimate 0:01:54",
+                     "activations 3.0 MiB weights 1.0 MiB"]:
+        assert expected in page, expected
+
+
+def embedded(report_html):
+    """The report's embedded data: (results {path: record}, categories {category: {subcategory:
+    [paths]}}, workflow description HTML), as Snakemake's template writes them into the page."""
+    page = Path(report_html).read_text()
+
+    def var(script_id, name):  # <script id="results">var results = {...};</script>
+        return json.loads(re.search(rf'<script id="{script_id}">\s*var {name} = (.*?);\s*</script>', page, re.S)[1])
+
+    return var("results", "results"), var("categories", "categories"), var("workflow-desc", "workflow_desc")
+
+
+def test_the_report_holds_every_category_figure_and_caption(report_html, built):
+    results, categories, description = embedded(report_html)
+    found = {category: {Path(path).name for paths in subcategories.values() for path in paths}
+             for category, subcategories in categories.items()}
+    assert found == CATEGORIES
+    assert {s: sorted(Path(p).name for p in paths) for s, paths in categories["Data"].items()} == {
+        "Samples": ["sample_lengths.svg"], "Draft vocabulary": ["vocab_coverage.html", "vocab_coverage.svg"]}
+    for path, result in results.items():
+        name = Path(path).name
+        assert path == f"results/report/{name}" and result["job_properties"]["rule"] == "report_figures"
+        assert list(result["labels"]) == ["figure"] and result["labels"]["figure"]  # one label: no toggles
+        caption = text_of(result["caption"])
+        assert len(caption) > 200 and "System Message" not in result["caption"], (name, caption)
+        mime = "image/svg+xml" if name.endswith(".svg") else "text/html"
+        assert result["mime_type"] == mime and result["data_uri"].startswith(f"data:{mime}")
+        content = base64.b64decode(result["data_uri"].split("base64,", 1)[1]).decode()
+        assert content == (built / path).read_text(), name  # the very file, embedded
+    # captions and the front page are rendered with this run's config (the built workflow's: conftest FAST)
+    assert "vocab.draft_vocab_size = 128" in text_of(results["results/report/vocab_coverage.svg"]["caption"])
+    text = text_of(description)
+    assert "System Message" not in description
+    assert "eaglenest: an EAGLE-3 drafter" in text and "in 3 shards" in text and "samples longer than 512 tokens" in text
+    for category in CATEGORIES:
+        for name in CATEGORIES[category] - {"vocab_coverage.html", "acceptance.html"}:  # linked from the front page
+            assert f"showResultInfo('results/report/{name}')" in description, name
+
+
+def test_the_built_runs_figures_carry_its_numbers(built):
+    results = built / "results"
+    tokenize = json.loads((results / "data/tokenize_report.json").read_text())
+    coverage = json.loads((results / "vocab/coverage.json").read_text())
+    online = json.loads((results / "eval/vllm_metrics.json").read_text())
+    stages = text_of(results / "report/stages.html")
+    for stage in ("target", "generate", "tokenize", "draft vocabulary", "plan", "hidden states", "train",
+                  "offline evaluation", "vLLM runs", "agreement states", "vLLM evaluation"):
+        assert f" {stage} " in stages, stage
+    assert f"{tokenize['samples_out']:,} samples, {tokenize['tokens']:,} tokens" in stages
+    assert "3 shards" in stages and "pre-flight check passed" in stages
+    coverage_page = text_of(results / "report/vocab_coverage.html")
+    assert f"{coverage['draft_vocab_size']} {coverage['draft_vocab_size']} " in coverage_page
+    assert percent(coverage["coverage"]) in coverage_page
+    assert f"speedup {online['speedup']:.2f}x" in text_of(results / "report/speed.svg")
+    frame = stages_table({key: results / path for key, path in {
+        "plan": "plan.json", "tokenize": "data/tokenize_report.json", "coverage": "vocab/coverage.json",
+        "manifest": "hidden_states/manifest.json", "train_log": "train/train_log.tsv", "check": "eval/drafter_check.json",
+        "offline": "eval/offline_metrics.json", "vllm": "eval/vllm_metrics.json", "agreement": "eval/agreement_states",
+    }.items()}, results / "benchmarks", generated_here=True, demo_target=True).set_index("stage")
+    assert frame.loc["hidden states", "jobs benchmarked"] == "3" and frame.loc["generate", "jobs benchmarked"] == "4"
+    assert frame.loc["tokenize", "wall time"] == "—" and frame.loc["train", "wall time"] != "—"
