@@ -113,11 +113,12 @@ def make_plan(tokenized_path, report, target_dir, *, results, benchmarks, hidden
 
 
 def size(n):
-    """Bytes for a person: GB with two decimals below 10 GB, else TB above 1 TB."""
+    """Bytes for a person, in decimal units: MB below 1 GB, GB below 1 TB, then TB."""
     return f"{n / 10**12:.2f} TB" if n >= 10**12 else f"{n / GB:.2f} GB" if n >= GB else f"{n / 10**6:.1f} MB"
 
 
 def duration(seconds):
+    """Seconds for a person: minutes below an hour, then hours; "unknown" without a rate."""
     return "unknown" if seconds is None else f"{seconds / 3600:.1f} h" if seconds >= 3600 else f"{seconds / 60:.1f} min"
 
 
