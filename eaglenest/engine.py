@@ -178,14 +178,28 @@ def sampling_params(count, *, stop_token_ids, max_tokens, temperature, seeds):
                            output_kind=RequestOutputKind.FINAL_ONLY) for i in range(count)]
 
 
-def generation_result(llm, outputs, elapsed):
-    """generate_with's dict from vLLM's finished outputs (one per prompt, in prompt order)."""
-    import vllm as vllm_package  # after start_engine: vLLM sets up its logging when first imported
-
+def spec_counters(llm):
+    """vLLM's spec-decode counters since the engine started ({} without a drafter)."""
     counters = {}
     for metric in llm.get_metrics():
         if metric.name in SPEC_COUNTERS:
             counters[SPEC_COUNTERS[metric.name]] = getattr(metric, "values", None) or metric.value
+    return counters
+
+
+def counters_since(counters, before):
+    """`counters` (spec_counters) less those of `before`, position by position."""
+    def less(now, then):
+        return [a - b for a, b in zip(now, then)] if isinstance(now, list) else now - then
+    return {key: less(value, before[key]) if key in before else value for key, value in counters.items()}
+
+
+def generation_result(llm, outputs, elapsed, counters_before=None):
+    """generate_with's dict from vLLM's finished outputs (one per prompt, in prompt order); the
+    counters since `counters_before` (spec_counters) when given, else since the engine started."""
+    import vllm as vllm_package  # after start_engine: vLLM sets up its logging when first imported
+
+    counters = counters_since(spec_counters(llm), counters_before or {})
     token_ids = [list(o.outputs[0].token_ids) for o in outputs]
     generated = sum(map(len, token_ids))
     return {
@@ -197,6 +211,48 @@ def generation_result(llm, outputs, elapsed):
         "tokens_per_s": generated / elapsed,
         "vllm_version": vllm_package.__version__,
     }
+
+
+def generate_at(llm, prompts, *, concurrency, stop_token_ids, max_tokens, temperature=0.0, seeds=None,
+                progress=None):
+    """generate_with's dict, with at most `concurrency` requests in the engine at once (the next
+    joins as one finishes: that many users, each waiting for an answer before asking again) and
+    the spec-decode counters of this generation alone. One engine, started with max_num_seqs of
+    the largest, so measures every concurrency up to it: engine arguments stay the same."""
+    sampling = sampling_params(len(prompts), stop_token_ids=stop_token_ids, max_tokens=max_tokens,
+                               temperature=temperature, seeds=seeds)
+    engine, outputs = llm.llm_engine, [None] * len(prompts)
+    rendered = llm._preprocess_cmpl([{"prompt_token_ids": list(p)} for p in prompts])  # as LLM.generate renders them
+    ids = {}
+    bar = ProgressLog(total=len(prompts), label=progress, llm=llm, timer=False) if progress else None
+    before, start = spec_counters(llm), time.perf_counter()
+    waiting, reported = iter(range(len(prompts))), start
+
+    def add_next():
+        index = next(waiting, None)
+        if index is not None:
+            request_id = f"run{next(_REQUEST_IDS)}"
+            ids[request_id] = index
+            engine.add_request(request_id, rendered[index], sampling[index])
+
+    for _ in range(concurrency):
+        add_next()
+    while ids:
+        for output in engine.step():
+            if output.finished:
+                outputs[ids.pop(output.request_id)] = output
+                add_next()
+                if bar:
+                    bar.update()
+        if bar and time.perf_counter() - reported >= PROGRESS_EVERY_S:
+            bar.report()
+            reported = time.perf_counter()
+    if bar:
+        bar.close()
+    return generation_result(llm, outputs, time.perf_counter() - start, before)
+
+
+_REQUEST_IDS = itertools.count()  # generate_at's request ids, unique in the process (any engine, any run)
 
 
 def generated_tokens(llm):

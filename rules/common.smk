@@ -8,19 +8,21 @@ from snakemake.exceptions import WorkflowError
 # Snakemake puts the scripts folder on their path): never an installed copy of another checkout.
 sys.path.insert(0, workflow.basedir)
 
-from eaglenest.workflow.config import validate_config
+from eaglenest.workflow.config import HELDOUT_SUITE, check_suites, validate_config
 from eaglenest.workflow.fingerprint import code_fingerprint
 from eaglenest.workflow.settings import artifact_settings
 from eaglenest.workflow.parts import part_paths
 
 try:
     validate_config(config, workflow.source_path("../schemas/config.schema.yaml"))
+    check_suites(config)
 except ValueError as e:
     raise WorkflowError(str(e))
 if config["target"]["demo"] and "demo_target" not in config:
     raise WorkflowError("config: demo_target: required when target.demo is true")
 if not config["target"]["demo"] and not config["target"]["path"]:
     raise WorkflowError("config: target.path: required when target.demo is false")
+
 
 RESULTS = config["results"]
 TARGET = f"{RESULTS}/target" if config["target"]["demo"] else config["target"]["path"]
@@ -36,6 +38,14 @@ PLAN_JSON = f"{RESULTS}/plan.json"
 D2T = f"{RESULTS}/vocab/d2t.pt"
 T2D = f"{RESULTS}/vocab/t2d.pt"
 DRAFTER = f"{RESULTS}/drafter"
+# Evaluation in vLLM: the suites (the held-out split always, then eval.suites' files) and the
+# K of each drafter engine
+HELDOUT = HELDOUT_SUITE
+SUITES = [HELDOUT, *config["eval"]["suites"]]
+SUITE_PATTERN = "|".join(SUITES)
+SUITE_PROMPTS = expand(f"{RESULTS}/eval/prompts/{{suite}}.jsonl", suite=SUITES)
+SPECULATIVE_TOKENS = sorted(set(config["eval"]["num_speculative_tokens"]))
+SPECULATIVE_RUNS = expand(f"{RESULTS}/eval/vllm_speculative/K{{k}}.json", k=SPECULATIVE_TOKENS)
 # Snakemake's benchmark files of the GPU stages (wall time, peak RSS of each job): the report
 # plots them, the plan turns an earlier run's into rates (eaglenest/plan)
 BENCHMARKS = f"{RESULTS}/benchmarks"

@@ -1,5 +1,6 @@
 # Pre-flight check of the drafter, offline evaluation on the held-out split, the drafter in real
-# vLLM (vllm_runs), checked against the offline evaluator on the target's states of vLLM's text
+# vLLM on every suite, temperature, K and concurrency (eval_prompts, vllm_baseline, vllm_speculative),
+# checked against the offline evaluator on the target's states of the baseline's text
 # (agreement_states, evaluate_vllm), and the summary.
 
 
@@ -33,7 +34,7 @@ rule evaluate_offline:
         metrics=f"{RESULTS}/eval/offline_metrics.json",
     params:
         heldout_fraction=config["train"]["heldout_fraction"],
-        num_speculative_tokens=config["eval"]["num_speculative_tokens"],
+        num_speculative_tokens=max(SPECULATIVE_TOKENS),  # a draft's depths do not depend on K: the deepest
         code=code("evaluate_offline"),
     benchmark:
         f"{BENCHMARKS}/evaluate_offline.tsv"
@@ -48,44 +49,108 @@ rule evaluate_offline:
         "../scripts/evaluate_offline.py"
 
 
-rule vllm_runs:
+def suite_source(wildcards):
+    """eval_prompts' input: the tokenized data for the held-out suite, else the suite's file and the target's tokenizer."""
+    if wildcards.suite == HELDOUT:
+        return {"tokenized": TOKENIZED}
+    return {"prompts": config["eval"]["suites"][wildcards.suite], "target": TARGET}
+
+
+rule eval_prompts:
     input:
-        tokenized=TOKENIZED,
+        unpack(suite_source),
+    output:
+        prompts=f"{RESULTS}/eval/prompts/{{suite}}.jsonl",
+    params:
+        heldout_fraction=lambda wildcards: config["train"]["heldout_fraction"] if wildcards.suite == HELDOUT else None,
+        max_prompts=config["eval"]["max_prompts"],
+        # a suite file is rendered as tokenize renders prompts
+        tokenize=lambda wildcards: None if wildcards.suite == HELDOUT else {
+            "trust_remote_code": config["target"]["trust_remote_code"],
+            **{key: config["tokenize"][key] for key in ("chat_template_kwargs", "think_start", "think_end", "end_of_turn")},
+        },
+        code=code("eval_prompts"),
+    log:
+        f"{RESULTS}/logs/eval_prompts/{{suite}}.log",
+    wildcard_constraints:
+        suite=SUITE_PATTERN,
+    conda:
+        ENV
+    script:
+        "../scripts/eval_prompts.py"
+
+
+# What every vLLM run shares (vllm_baseline, vllm_speculative): the grid and the engine settings
+VLLM_RUN_PARAMS = {
+    "suites": SUITES,
+    "temperatures": config["eval"]["temperatures"],
+    "concurrency": config["eval"]["concurrency"],
+    "max_tokens": config["eval"]["max_tokens"],
+    "seed": config["eval"]["seed"],
+    "vllm": artifact_settings(config, "vllm"),  # speed and placement: read from the config (README "Rebuilding")
+    "trust_remote_code": config["target"]["trust_remote_code"],
+    "end_of_turn": config["tokenize"]["end_of_turn"],
+}
+
+
+rule vllm_baseline:
+    input:
+        prompts=SUITE_PROMPTS,
+        target=TARGET,
+    output:
+        runs=f"{RESULTS}/eval/vllm_baseline.json",
+        outputs=f"{RESULTS}/eval/vllm_baseline_outputs.jsonl",
+    params:
+        **VLLM_RUN_PARAMS,
+        extra_tokens=max(SPECULATIVE_TOKENS),  # the offline side's text past max_tokens (eaglenest/evaluate/online.py)
+        code=code("vllm_baseline"),
+    benchmark:
+        f"{BENCHMARKS}/vllm_baseline.tsv"
+    log:
+        f"{RESULTS}/logs/vllm_baseline.log",
+    threads: lambda wildcards: workflow.cores
+    resources:
+        gpu=config["vllm"]["tensor_parallel_size"],  # the target's tensor-parallel ranks
+    conda:
+        ENV
+    script:
+        "../scripts/vllm_baseline.py"
+
+
+rule vllm_speculative:
+    input:
+        prompts=SUITE_PROMPTS,
         target=TARGET,
         drafter=DRAFTER,
+        baseline=rules.vllm_baseline.output.outputs,  # speculation must not change its greedy text
         check=rules.check_drafter.output.check,  # the pre-flight check passed
     output:
-        outputs=f"{RESULTS}/eval/vllm_greedy_outputs.jsonl",
-        runs=f"{RESULTS}/eval/vllm_runs.json",
+        runs=f"{RESULTS}/eval/vllm_speculative/K{{k}}.json",
     params:
-        heldout_fraction=config["train"]["heldout_fraction"],
-        num_speculative_tokens=config["eval"]["num_speculative_tokens"],
-        max_tokens=config["eval"]["max_tokens"],
-        max_prompts=config["eval"]["max_prompts"],
-        concurrency=config["eval"]["concurrency"],
+        **VLLM_RUN_PARAMS,
+        num_speculative_tokens=lambda wildcards: int(wildcards.k),
         max_divergent_share=config["eval"]["max_divergent_share"],
-        vllm=artifact_settings(config, "vllm"),  # speed and placement: read from the config (README "Rebuilding")
-        trust_remote_code=config["target"]["trust_remote_code"],
-        end_of_turn=config["tokenize"]["end_of_turn"],
-        code=code("vllm_runs"),
+        code=code("vllm_speculative"),
     benchmark:
-        f"{BENCHMARKS}/vllm_runs.tsv"
+        f"{BENCHMARKS}/vllm_speculative/K{{k}}.tsv"
     log:
-        f"{RESULTS}/logs/vllm_runs.log",
+        f"{RESULTS}/logs/vllm_speculative/K{{k}}.log",
+    wildcard_constraints:
+        k=r"\d+",
     threads: lambda wildcards: workflow.cores
     resources:
         gpu=config["vllm"]["tensor_parallel_size"],  # the target's tensor-parallel ranks; the drafter rides on them
     conda:
         ENV
     script:
-        "../scripts/vllm_runs.py"
+        "../scripts/vllm_speculative.py"
 
 
-# The target's states of vLLM's greedy text for the agreement check, by the hidden_states stage's
-# backend and settings (never a second copy of the target): eaglenest/evaluate/agreement_states.py.
+# The target's states of the baseline's reference texts for the agreement check, by the hidden_states
+# stage's backend and settings (never a second copy of the target): eaglenest/evaluate/agreement_states.py.
 rule agreement_states:
     input:
-        outputs=rules.vllm_runs.output.outputs,
+        outputs=rules.vllm_baseline.output.outputs,
         manifest=MANIFEST,  # the trained aux layers
         target=TARGET,
     output:
@@ -112,10 +177,11 @@ rule agreement_states:
 
 rule evaluate_vllm:
     input:
-        runs=rules.vllm_runs.output.runs,
-        outputs=rules.vllm_runs.output.outputs,
+        baseline=rules.vllm_baseline.output.runs,
+        outputs=rules.vllm_baseline.output.outputs,
+        speculative=SPECULATIVE_RUNS,
         states=rules.agreement_states.output.states,
-        target=TARGET,  # its embedding only
+        target=TARGET,  # its embedding only (and final norm and lm_head above temperature 0)
         drafter=DRAFTER,
         trained_config=rules.train_drafter.output.trained_config,
         manifest=MANIFEST,
@@ -125,6 +191,7 @@ rule evaluate_vllm:
         metrics=f"{RESULTS}/eval/vllm_metrics.json",
     params:
         agreement_tolerance=config["eval"]["agreement_tolerance"],
+        agreement_standard_errors=config["eval"]["agreement_standard_errors"],
         code=code("evaluate_vllm"),
     benchmark:
         f"{BENCHMARKS}/evaluate_vllm.tsv"

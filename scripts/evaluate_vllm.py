@@ -5,8 +5,9 @@ run_stage(
     snakemake.log[0],
     snakemake.threads,
     evaluate_vllm,
-    snakemake.input.runs,
+    snakemake.input.baseline,
     snakemake.input.outputs,
+    snakemake.input.speculative,
     snakemake.input.states,
     snakemake.input.target,
     snakemake.input.drafter,
@@ -16,6 +17,7 @@ run_stage(
     snakemake.input.t2d,
     snakemake.output.metrics,
     agreement_tolerance=snakemake.params.agreement_tolerance,
+    agreement_standard_errors=snakemake.params.agreement_standard_errors,
     device=snakemake.config["train"]["device"],  # the drafter runs where it trained
     gpus=snakemake.resources.gpu,
 )

@@ -20,8 +20,11 @@ from eaglenest.states.parts import shard_of
 MANIFEST = "results/hidden_states/manifest.json"
 RAW = "results/responses/raw_responses.jsonl"
 NUM_SHARDS = 3  # conftest.FAST
-DOWNSTREAM_OF_TRAINING = {"train_drafter", "export_eagle", "check_drafter", "evaluate_offline", "vllm_runs", "agreement_states",
+# a new drafter is measured again in vLLM; the runs without it (vllm_baseline) and the target's
+# states of their text (agreement_states) stay
+DOWNSTREAM_OF_TRAINING = {"train_drafter", "export_eagle", "check_drafter", "evaluate_offline", "vllm_speculative",
                           "evaluate_vllm", "summary", "report_figures", "all"}
+NEW_STATES = {"agreement_states"}  # other aux layers or dtype: the agreement check's states too
 PLAN = {"plan", "report_figures", "all"}  # the plan and the report that shows it
 
 
@@ -86,14 +89,22 @@ def test_editing_one_sample_reextracts_only_its_shard_and_dry_run_names_it(workd
 @pytest.mark.parametrize(
     "update, reruns, shards",
     [
-        ({"hidden_states": {"aux_layer_ids": [1, 4, 6]}}, {"hidden_states", "hidden_states_manifest"} | PLAN | DOWNSTREAM_OF_TRAINING, 3),
-        ({"hidden_states": {"dtype": "bfloat16"}}, {"hidden_states", "hidden_states_manifest"} | PLAN | DOWNSTREAM_OF_TRAINING, 3),
+        ({"hidden_states": {"aux_layer_ids": [1, 4, 6]}},
+         {"hidden_states", "hidden_states_manifest"} | PLAN | DOWNSTREAM_OF_TRAINING | NEW_STATES, 3),
+        ({"hidden_states": {"dtype": "bfloat16"}},
+         {"hidden_states", "hidden_states_manifest"} | PLAN | DOWNSTREAM_OF_TRAINING | NEW_STATES, 3),
         ({"demo_target": {"seed": 1}}, "everything", 3),
-        ({"tokenize": {"max_seq_len": 100}}, {"tokenize", "token_freq", "vocab_map", "shard_samples", "hidden_states", "hidden_states_manifest"} | PLAN | DOWNSTREAM_OF_TRAINING, 3),
+        ({"tokenize": {"max_seq_len": 100}}, {"tokenize", "token_freq", "vocab_map", "shard_samples", "hidden_states",
+                                              "hidden_states_manifest", "eval_prompts", "vllm_baseline"}
+         | PLAN | DOWNSTREAM_OF_TRAINING | NEW_STATES, 3),
         ({"train": {"lr": 0.002}}, DOWNSTREAM_OF_TRAINING, 0),  # the plan does not depend on it
         ({"train": {"epochs": 3, "tokens_per_step": 80}}, PLAN | DOWNSTREAM_OF_TRAINING, 0),  # epochs: the plan's training time
         ({"vocab": {"draft_vocab_size": 96}}, {"vocab_map"} | PLAN | DOWNSTREAM_OF_TRAINING, 0),
-        ({"eval": {"max_prompts": 40}}, {"vllm_runs", "agreement_states", "evaluate_vllm", "summary", "report_figures", "all"}, 0),
+        ({"eval": {"max_prompts": 40}}, {"eval_prompts", "vllm_baseline", "vllm_speculative", "agreement_states",
+                                         "evaluate_vllm", "summary", "report_figures", "all"}, 0),
+        ({"eval": {"temperatures": [0.0]}}, {"vllm_baseline", "vllm_speculative", "agreement_states", "evaluate_vllm",
+                                             "summary", "report_figures", "all"}, 0),
+        ({"eval": {"agreement_standard_errors": 4}}, {"evaluate_vllm", "summary", "report_figures", "all"}, 0),
         ({"eval": {"agreement_tolerance": 0.1}}, {"evaluate_vllm", "summary", "report_figures", "all"}, 0),  # the check alone, no vLLM run
     ],
 )
@@ -133,7 +144,19 @@ def test_settings_of_speed_or_placement_plan_nothing_but_the_plan(workdir, updat
 
 def test_engine_settings_that_define_artifacts_still_rebuild(workdir):
     edit_config(workdir, {"vllm": {"kv_cache_dtype": "fp8"}})  # the states of a quantised KV cache
-    assert {"generate_part", "generate_responses", "tokenize", "vllm_runs", "agreement_states", "evaluate_vllm"} <= set(planned(workdir))
+    assert {"generate_part", "generate_responses", "tokenize", "vllm_baseline", "vllm_speculative", "agreement_states",
+            "evaluate_vllm"} <= set(planned(workdir))
+
+
+def test_another_k_runs_one_drafter_engine_and_nothing_else_in_vllm(workdir):
+    """K=2 added to the built run's K=1 and 3: its drafter engine alone (the baseline's text already
+    reaches K=3 past max_tokens), then the evaluation; a suite added: its prompts and every vLLM run."""
+    edit_config(workdir, {"eval": {"num_speculative_tokens": [1, 2, 3]}})
+    assert planned(workdir) == {"vllm_speculative": 1, "evaluate_vllm": 1, "summary": 1, "report_figures": 1, "all": 1}
+    assert "results/eval/vllm_speculative/K2.json" in snakemake(workdir, "-n").stdout
+    edit_config(workdir, {"eval": {"num_speculative_tokens": [1, 3], "suites": {"again": "resources/demo/eval_chat.jsonl"}}})
+    assert planned(workdir) == {"eval_prompts": 1, "vllm_baseline": 1, "vllm_speculative": 2, "agreement_states": 1,
+                                "evaluate_vllm": 1, "summary": 1, "report_figures": 1, "all": 1}
 
 
 def test_max_seq_len_reextracts_every_shard_whose_samples_it_cuts(workdir):

@@ -15,18 +15,18 @@ import yaml
 from conftest import REPO
 from eaglenest.train.launch import torchrun_command
 
-GPU_RULES = {"generate_part", "hidden_states", "train_drafter", "vllm_runs", "agreement_states", "evaluate_vllm",
-             "evaluate_offline"}
+GPU_RULES = {"generate_part", "hidden_states", "train_drafter", "vllm_baseline", "vllm_speculative", "agreement_states",
+             "evaluate_vllm", "evaluate_offline"}
 DRAFTER_ONLY = {"evaluate_offline", "evaluate_vllm"}  # one GPU, a drafter's memory: no target
-CPU_STAGES = {"tokenize", "token_freq", "vocab_map"}  # run beside GPU jobs: they hold no GPU
+CPU_STAGES = {"tokenize", "token_freq", "vocab_map", "eval_prompts"}  # run beside GPU jobs: they hold no GPU
 TP, TRAIN_GPUS = 8, 8
 GPU_CONFIG = {  # the 8-GPU container's kind of target: tensor parallelism 8, DDP on 8 GPUs
     "vllm": {"tensor_parallel_size": TP, "dtype": "auto"},
     "hidden_states": {"device": "cuda", "backend": "vllm"},
     "train": {"device": "cuda", "num_processes": TRAIN_GPUS},
 }
-EXPECTED_GPUS = {"generate_part": TP, "hidden_states": TP, "train_drafter": TRAIN_GPUS, "vllm_runs": TP,
-                 "agreement_states": TP, "evaluate_vllm": 1, "evaluate_offline": 1}
+EXPECTED_GPUS = {"generate_part": TP, "hidden_states": TP, "train_drafter": TRAIN_GPUS, "vllm_baseline": TP,
+                 "vllm_speculative": TP, "agreement_states": TP, "evaluate_vllm": 1, "evaluate_offline": 1}
 
 
 # The cluster executors live in .venv-cluster (`make setup-cluster`), layered over this venv.

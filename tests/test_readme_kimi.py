@@ -61,7 +61,7 @@ def test_the_example_dry_runs_with_the_blackwell_profile(kimi_run):
     assert counts["hidden_states"] == "256" and counts["train_drafter"] == "1"
     jobs = re.findall(r"^(?:local)?(?:rule|checkpoint) (\w+):\n((?:[ \t]+.*\n?)*)", output, re.M)
     gpus = {rule: re.search(r"\bgpu=(\d+)", body)[1] for rule, body in jobs if re.search(r"\bgpu=(\d+)", body)}
-    assert gpus["hidden_states"] == gpus["vllm_runs"] == str(TP)
+    assert gpus["hidden_states"] == gpus["vllm_baseline"] == gpus["vllm_speculative"] == str(TP)
     assert gpus["generate_part"] == "0"  # the generate service leases the engine's GPUs, its part jobs none
     assert gpus["agreement_states"] == str(TP) and gpus["evaluate_vllm"] == "1"  # the target's states, then the drafter alone
     assert gpus["train_drafter"] == str(TP)

@@ -11,8 +11,8 @@ from conftest import FAST_PROMPTS, REPO, edit_config, mtimes, new_workdir, plann
 
 ALL_RULES = {  # tokenize and everything downstream of it
     "tokenize", "token_freq", "vocab_map", "shard_samples", "hidden_states", "hidden_states_manifest",
-    "train_drafter", "export_eagle", "check_drafter", "evaluate_offline", "vllm_runs", "agreement_states", "evaluate_vllm",
-    "summary", "plan", "report_figures", "all",
+    "train_drafter", "export_eagle", "check_drafter", "evaluate_offline", "eval_prompts", "vllm_baseline",
+    "vllm_speculative", "agreement_states", "evaluate_vllm", "summary", "plan", "report_figures", "all",
 }
 UPSTREAM = {"build_demo_target", "split_prompts", "generate_part", "generate_responses"}
 
@@ -26,7 +26,9 @@ def test_story1_one_run_builds_every_artifact_then_nothing_is_stale(built, tmp_p
         "hidden_states/shard_00000.safetensors", "hidden_states/shard_00002.safetensors",
         "drafter/config.json", "drafter/model.safetensors", "train/train_log.tsv", "train/drafter_config.json",
         "eval/offline_metrics.json", "eval/drafter_check.json", "eval/vllm_metrics.json",
-        "eval/vllm_greedy_outputs.jsonl", "eval/vllm_runs.json", "eval/agreement_states/layers.json",
+        "eval/prompts/heldout.jsonl", "eval/prompts/chat.jsonl", "eval/vllm_baseline.json",
+        "eval/vllm_baseline_outputs.jsonl", "eval/vllm_speculative/K1.json", "eval/vllm_speculative/K3.json",
+        "eval/agreement_states/layers.json",
         "eval/agreement_states/states_00000.safetensors", "drafter_eagle/config.json", "drafter_eagle/model.safetensors",
         "summary.md",
     ]:
@@ -37,8 +39,10 @@ def test_story1_one_run_builds_every_artifact_then_nothing_is_stale(built, tmp_p
     coverage = json.loads((results / "vocab/coverage.json").read_text())
     assert coverage["coverage"] == coverage["covered_tokens"] / coverage["generated_tokens"] > 0
     for rule in ALL_RULES | UPSTREAM:
-        if rule not in ("all", "hidden_states", "generate_part"):  # those two: a log per shard or part
-            assert (results / "logs" / f"{rule}.log").is_file(), rule
+        if rule not in ("all", "hidden_states", "generate_part", "eval_prompts", "vllm_speculative"):
+            assert (results / "logs" / f"{rule}.log").is_file(), rule  # the others: a log per shard, part, suite or K
+    assert {p.name for p in (results / "logs/eval_prompts").iterdir()} == {"heldout.log", "chat.log"}
+    assert {p.name for p in (results / "logs/vllm_speculative").iterdir()} == {"K1.log", "K3.log"}
     assert planned(built) == {}
 
 
@@ -73,7 +77,7 @@ def test_comment_and_whitespace_edits_rebuild_nothing(workdir, module):
 def test_story3_draft_vocab_size_reruns_vocab_training_and_evaluation_only(workdir):
     edit_config(workdir, {"vocab": {"draft_vocab_size": 96}})
     assert set(planned(workdir)) == {"vocab_map", "plan", "train_drafter", "export_eagle", "check_drafter",
-                                     "evaluate_offline", "vllm_runs", "agreement_states", "evaluate_vllm", "summary",
+                                     "evaluate_offline", "vllm_speculative", "evaluate_vllm", "summary",
                                      "report_figures", "all"}
     snakemake(workdir)
     coverage = json.loads((workdir / "results/vocab/coverage.json").read_text())

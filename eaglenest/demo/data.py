@@ -5,11 +5,12 @@ reasoning style and answer is therefore drawn from several phrasings, while the 
 exact, so the model can be confident on tokens that follow from earlier ones (the digits of a
 result it already wrote in its reasoning) and unsure on others (which phrasing comes next).
 
-    python -m eaglenest.demo.data    # rewrites resources/demo/{corpus,prompts,raw_responses}.jsonl
+    python -m eaglenest.demo.data    # rewrites resources/demo/{corpus,prompts,raw_responses,eval_chat}.jsonl
 
 corpus.jsonl pre-trains the demo target; prompts.jsonl is what the demo asks it (its answers,
 generated in vLLM, are the drafter's data); raw_responses.jsonl is a hand-written set of
-responses covering every edge case of the record format (tests and README examples).
+responses covering every edge case of the record format (tests and README examples);
+eval_chat.jsonl is the demo's own evaluation suite, unlike the training prompts.
 """
 
 import argparse
@@ -223,6 +224,46 @@ def generate_prompts(seed, n):
             for i in range(n)]
 
 
+# The demo's own evaluation suite (eval.suites chat): what users ask unlike the training prompts:
+# word problems, other phrasings, and longer chats of several earlier turns.
+WORD_PROBLEMS = [
+    ("A shop has {a} apples and sells {b} of them. How many apples are left?", lambda a, b: (a + b, b, "-")),
+    ("There are {a} rows with {b} chairs each. How many chairs is that?", lambda a, b: (a % 12 + 2, b, "*")),
+    ("Sam scored {a} points, then {b} more. What is his total?", lambda a, b: (a, b, "+")),
+    ("{a} cookies are shared equally by {b} friends. How many does each get?",
+     lambda a, b: ((a % 11 + 2) * (b % 8 + 2), b % 8 + 2, "/")),
+]
+CHAT_QUESTIONS = ["hey, quick q: {e}", "I need {e} worked out, please.", "What do you get for {e}?",
+                  "Could you check {e} for me?", "Mental maths time: {e}"]
+
+
+def _word_problem(rng):
+    """A word problem as the question, and the arithmetic it asks for: (question, e, r)."""
+    template, numbers = rng.choice(WORD_PROBLEMS)
+    a, b, op = numbers(rng.randint(10, 60), rng.randint(2, 30))
+    r = {"+": a + b, "-": a - b, "*": a * b, "/": a // b}[op]
+    return template.format(a=a, b=b), f"{a} {op} {b}", r
+
+
+def generate_chat_suite(seed, n):
+    """`n` evaluation prompts {"id", "messages"} (ids chat-001...) unlike generate_prompts': each
+    ends on a word problem or a differently phrased sum after 2 to 4 earlier turns."""
+    rng = random.Random(seed)
+    prompts = []
+    for i in range(n):
+        messages = [{"role": "system", "content": rng.choice(SYSTEM_PROMPTS)}] if rng.random() < 0.4 else []
+        for _ in range(rng.randint(2, 4)):
+            question, e, r = _word_problem(rng)
+            messages += [{"role": "user", "content": question}, {"role": "assistant", "content": f"{e} = {r}"}]
+        if rng.random() < 0.5:
+            question = _word_problem(rng)[0]
+        else:
+            question = rng.choice(CHAT_QUESTIONS).format(e=rng.choice([_add, _sub, _mul, _div])(rng, _symbols(rng, False))[0])
+        messages.append({"role": "user", "content": rng.choice(FOLLOW_UPS) + question})
+        prompts.append({"id": f"chat-{i + 1:03d}", "messages": messages})
+    return prompts
+
+
 def write_jsonl(path, records):
     """One JSON object per line, unicode kept readable, written atomically."""
     with atomic_path(path) as tmp:
@@ -238,6 +279,7 @@ def main():
     write_jsonl(args.out_dir / "corpus.jsonl", generate_records(seed=1, n=4000, edge_cases=False))
     write_jsonl(args.out_dir / "prompts.jsonl", generate_prompts(seed=3, n=2000))
     write_jsonl(args.out_dir / "raw_responses.jsonl", generate_records(seed=2, n=300, edge_cases=True))
+    write_jsonl(args.out_dir / "eval_chat.jsonl", generate_chat_suite(seed=4, n=48))
 
 
 if __name__ == "__main__":

@@ -48,18 +48,23 @@ def accepted_lengths(drafter, batch, num_speculative_tokens, chunk=ANCHOR_CHUNK)
     return anchors, lengths
 
 
-def served_anchors(anchors, lengths):
-    """Accepted lengths at the anchors vLLM drafts from while generating this sample: after a
-    draft at t with a tokens accepted, the target adds one token, so the next draft is at t+a+1.
-    anchors, lengths: lists over one sample's positions."""
+def served_positions(anchors, lengths):
+    """The anchors vLLM drafts from while generating this sample: after a draft at t with a tokens
+    accepted, the target adds one token, so the next draft is at t+a+1. anchors, lengths: lists
+    over one sample's positions (lengths: tokens accepted of a draft at t)."""
     drafted, t = [], 0
     while t < len(anchors):
         if anchors[t]:
-            drafted.append(lengths[t])
+            drafted.append(t)
             t += lengths[t] + 1
         else:
             t += 1
     return drafted
+
+
+def served_anchors(anchors, lengths):
+    """Accepted lengths at served_positions."""
+    return [lengths[t] for t in served_positions(anchors, lengths)]
 
 
 def acceptance_fields(num_drafts, num_draft_tokens, num_accepted_tokens, per_position):

@@ -1,14 +1,17 @@
-"""Proof that vLLM runs the drafter we trained: its acceptance counters against the offline
-evaluator's on the same text.
+"""Proof that vLLM runs the drafter we trained, at every temperature: each run's acceptance
+counters against the offline evaluator's on the baseline's text (rule evaluate_vllm).
 
-The offline side reads the target's hidden states of vLLM's continuations from the agreement
+The offline side reads the target's hidden states of the reference texts from the agreement
 states (eaglenest.evaluate.agreement_states: taken by the hidden_states stage's backend, never by a
-second copy of the target; of the target only the embedding is read here), and builds the drafter
-from the trained weights with the settings training used, the manifest's aux layers and the vocab
-stage's d2t, chain-drafting K tokens at the anchors vLLM drafts from. Both must agree per position.
-When they do not, vLLM read the drafter differently from how it was trained (the silent
-mismatches: aux layer ids in another convention, a norm flag defaulted the other way, a d2t in
-another form), and the run fails naming the reading that reproduces vLLM's numbers.
+second copy of the target; of the target only the embedding is read here, and its final norm and
+lm_head when a temperature is above 0), builds the drafter from the trained weights with the
+settings training used, the manifest's aux layers and the vocab stage's d2t, and replays vLLM's
+chain drafting on the text (eaglenest.evaluate.expected). At temperature 0 the two must agree
+within eval.agreement_tolerance per position, as replaying greedy text is exact; above 0 within
+the standard errors of eval.agreement_standard_errors (family-wise over every sampled run). When
+they do not, vLLM read the drafter differently from how it was trained (the silent mismatches:
+aux layer ids in another convention, a norm flag defaulted the other way, a d2t in another
+form), and the run fails naming the reading that reproduces vLLM's numbers.
 """
 
 import dataclasses
@@ -22,9 +25,12 @@ from eaglenest.data.target import read_target_embedding
 from eaglenest.data.vocab import load_vocab
 from eaglenest.drafter.load import drafter_from_state, load_drafter
 from eaglenest.drafter.model import DrafterConfig
-from eaglenest.evaluate.acceptance import acceptance, acceptance_fields, accepted_lengths, served_anchors
+from eaglenest.evaluate.acceptance import acceptance_fields
 from eaglenest.evaluate.agreement_states import AgreementStates, layer_misreadings
+from eaglenest.evaluate.expected import chain_outcomes, estimate, family_z, sample_counts
+from eaglenest.evaluate.online import recommend
 from eaglenest.states.manifest import read_manifest
+from eaglenest.drafter.target_head import TargetHead
 from eaglenest.workflow.atomic import write_json
 from eaglenest.workflow.device import torch_device
 from eaglenest.workflow.errors import InputError
@@ -43,11 +49,6 @@ def online_acceptance(counters):
     )
 
 
-def largest_gap(a, b):
-    """The largest per-position difference between two acceptance results."""
-    return max(abs(x - y) for x, y in zip(a["acceptance_rate_per_position"], b["acceptance_rate_per_position"]))
-
-
 def trained_drafter(drafter_dir, trained_config, d2t, t2d, embed_tokens):
     """The drafter as trained: weights from `drafter_dir`, everything else from its sources."""
     drafter = load_drafter(drafter_dir, embed_tokens, config=trained_config)
@@ -57,24 +58,27 @@ def trained_drafter(drafter_dir, trained_config, d2t, t2d, embed_tokens):
 
 
 @torch.no_grad()
-def offline_acceptances(states, variants, K, device):
-    """Offline acceptance (vLLM's served anchors) of each (drafter, aux layer ids) of `variants` on
-    the prompt + continuation samples of `states` (an AgreementStates), in one pass over them."""
+def offline_estimates(states, indices, variants, Ks, *, temperature, max_tokens, head, device):
+    """The offline estimate (eaglenest.evaluate.expected.estimate) at each K of `Ks` of each
+    (drafter, aux layer ids) of `variants`, on the samples `indices` of `states` (an
+    AgreementStates: the baseline's text at `temperature`, of which the served runs generated at
+    most `max_tokens` tokens), in one pass over them -> [{K: estimate}] per variant."""
     columns = [states.columns(layer_ids) for _, layer_ids in variants]
-    lengths = [[] for _ in variants]
-    ticker = ProgressLines("agreement check", len(states), "samples", logger=log)
-    for i in range(len(states)):
+    counts = [{K: [] for K in Ks} for _ in variants]
+    ticker = ProgressLines(f"agreement check, T={temperature:g}", len(indices), "samples", logger=log)
+    for i in indices:
         sample = states[i]
-        for (drafter, _), cols, drafted in zip(variants, columns, lengths):
-            batch = {
-                "input_ids": sample["input_ids"][None].to(device),
-                "loss_mask": sample["loss_mask"][None].to(device),
-                "aux_hidden_states": sample["aux_hidden_states"][:, cols][None].to(device),
-            }
-            anchors, accepted = accepted_lengths(drafter, batch, K)
-            drafted += served_anchors(anchors[0].tolist(), accepted[0].tolist())
+        served = min(int(sample["loss_mask"].sum()), max_tokens)
+        for (drafter, _), cols, per_k in zip(variants, columns, counts):
+            on_device = {"input_ids": sample["input_ids"].to(device), "loss_mask": sample["loss_mask"].to(device),
+                         "aux_hidden_states": sample["aux_hidden_states"][:, cols].to(device),
+                         "final_hidden_states": sample["final_hidden_states"]}
+            anchors, matched, probs = chain_outcomes(drafter, on_device, served, max(Ks), head=head,
+                                                     temperature=temperature)
+            for K in Ks:
+                per_k[K].append(sample_counts(anchors, matched, probs, K))
         ticker.advance()
-    return [acceptance(drafted, K) for drafted in lengths]
+    return [{K: estimate(per_k[K], K) for K in Ks} for per_k in counts]
 
 
 def misreadings(drafter, aux_layer_ids, num_layers):
@@ -97,74 +101,133 @@ def load_drafter_copy(drafter, **changes):
     return drafter_from_state(dataclasses.replace(drafter.config, **changes), state).eval()
 
 
-def check_agreement(online, offline, tolerance, diagnose):
-    """Raise InputError when vLLM's per-position acceptance is off the offline one by more than
-    `tolerance`; `diagnose()` -> descriptions of the misreadings that reproduce vLLM's numbers."""
-    worst = largest_gap(online, offline)
-    if worst <= tolerance:
-        return worst
-    suspects = diagnose()
-    cause = ("it matches the offline estimate when " + "; or when ".join(suspects)) if suspects else (
-        "no known misreading reproduces it (check the target, dtype and vLLM version)")
-    raise InputError(
-        "vLLM does not run the drafter as trained: acceptance per position in vLLM "
-        + " / ".join(f"{a:.2f}" for a in online["acceptance_rate_per_position"]) + ", offline on the same text "
-        + " / ".join(f"{b:.2f}" for b in offline["acceptance_rate_per_position"]) + f" (tolerance {tolerance}); " + cause
-    )
+def compare(online, offline, tolerance):
+    """vLLM's acceptance against the offline estimate, position by position: {"max_disagreement",
+    "tolerance_per_position", "agrees"}."""
+    gaps = [abs(a - b) for a, b in zip(online["acceptance_rate_per_position"], offline["acceptance_rate_per_position"])]
+    return {"max_disagreement": max(gaps), "tolerance_per_position": tolerance,
+            "agrees": all(gap <= t for gap, t in zip(gaps, tolerance))}
 
 
-def verify_agreement(states_dir, target_dir, drafter_dir, trained_config_path, manifest_path, d2t_path, t2d_path,
-                     counters, *, num_speculative_tokens, agreement_tolerance, device=None):
-    """vLLM's acceptance (`counters`, from drafting on the continuations whose target states
-    `states_dir` holds: eaglenest.evaluate.agreement_states) against the offline evaluator's on the
-    same text -> (online, offline, largest gap per position); InputError naming the misreadings
-    that reproduce vLLM's numbers when the gap exceeds the tolerance. Of the target only the
-    embedding is read (from `target_dir`); the drafter runs on `device`."""
-    K, device = num_speculative_tokens, torch_device(device)
-    online = online_acceptance(counters)
+def tolerance(offline, temperature, *, agreement_tolerance, z):
+    """Per position: eval.agreement_tolerance at temperature 0 (replaying greedy text is exact but
+    for float rounding), else `z` standard errors of the gap (eaglenest.evaluate.expected)."""
+    if temperature == 0:
+        return [agreement_tolerance] * len(offline["acceptance_rate_per_position"])
+    return [z * se for se in offline["standard_error_per_position"]]
+
+
+def _rates(fields):
+    return " / ".join(f"{a:.2f}" for a in fields["acceptance_rate_per_position"])
+
+
+def disagreement(failing, count, cause):
+    """The InputError of runs whose vLLM acceptance is off the offline estimate."""
+    first = failing[0]
+    where = f"{first['suite']} T={first['temperature']:g} c={first['concurrency']} K={first['num_speculative_tokens']}"
+    return InputError(
+        f"vLLM does not run the drafter as trained: {len(failing)} of {count} runs disagree with the offline "
+        f"estimate; first {where}: acceptance per position in vLLM {_rates(first)}, offline on the same text "
+        f"{_rates(first['offline'])} (tolerance " + " / ".join(f"{t:.3f}" for t in first["tolerance_per_position"])
+        + f"); {cause}")
+
+
+def diagnose(states, indices, run, drafter, aux_layer_ids, num_layers, *, max_tokens, head, device):
+    """The misreadings (misreadings()) whose offline estimate agrees with `run`'s vLLM counters, as a sentence."""
+    K, temperature = run["num_speculative_tokens"], run["temperature"]
+    variants = misreadings(drafter, aux_layer_ids, num_layers)
+    estimates = offline_estimates(states, indices, [(variant, ids) for _, variant, ids in variants], [K],
+                                  temperature=temperature, max_tokens=max_tokens, head=head, device=device)
+    found = []
+    for (description, _, _), by_k in zip(variants, estimates):
+        verdict = compare(run, by_k[K], run["tolerance_per_position"])
+        log.info("misreading %s: offline %s (largest gap to vLLM %.3f)", description,
+                 by_k[K]["acceptance_rate_per_position"], verdict["max_disagreement"])
+        if verdict["agrees"]:
+            found.append(description)
+    if found:
+        return "it matches the offline estimate when " + "; or when ".join(found)
+    return "no known misreading reproduces it (check the target, dtype and vLLM version)"
+
+
+def speculative_run(spec, run, plain, offline, tolerance_per_position):
+    """One vllm_metrics.json run: K's run `run` (with vLLM's counters), the baseline's run `plain`
+    at the same (suite, temperature, concurrency) and the offline estimate on the same text."""
+    online = online_acceptance(run["counters"])
+    keep = {key: run[key] for key in ("greedy_text_unchanged", "divergent_share", "first_divergence") if key in run}
+    return {"suite": run["suite"], "temperature": run["temperature"], "num_speculative_tokens": spec["num_speculative_tokens"],
+            "concurrency": run["concurrency"], "prompts": run["prompts"], "generated_tokens": run["generated_tokens"],
+            "counters": run["counters"], **online,
+            "tokens_per_s_without_speculation": plain["tokens_per_s"], "tokens_per_s_with_speculation": run["tokens_per_s"],
+            "speedup": run["tokens_per_s"] / plain["tokens_per_s"], **keep,
+            "offline": offline, **compare(online, offline, tolerance_per_position)}
+
+
+def evaluate_vllm(baseline_path, outputs_path, speculative_paths, states_dir, target_dir, drafter_dir,
+                  trained_config_path, manifest_path, d2t_path, t2d_path, metrics_path, *, agreement_tolerance,
+                  agreement_standard_errors, device=None):
+    """The evaluate_vllm stage: vllm_metrics.json (docs/CONTRACTS.md) from the baseline's runs and
+    continuations, each K's runs (`speculative_paths`) and the target's states of the reference
+    texts (`states_dir`, rule agreement_states), with the drafter built as trained on `device`.
+    Fails, naming the misreadings that reproduce vLLM's numbers, when any run's acceptance is off
+    the offline estimate by more than its tolerance. Of the target only the embedding is read
+    (and its final norm and lm_head when a temperature is above 0)."""
+    device = torch_device(device)
+    baseline = json.loads(Path(baseline_path).read_text())
+    speculative = sorted((json.loads(Path(p).read_text()) for p in speculative_paths),
+                         key=lambda spec: spec["num_speculative_tokens"])
+    Ks = [spec["num_speculative_tokens"] for spec in speculative]
+    states = AgreementStates(states_dir)
+    states.check_text(outputs_path)
     manifest = read_manifest(manifest_path)
     aux_layer_ids = list(manifest["aux_layer_ids"])
-    states = AgreementStates(states_dir)
     if states.info["aux_layer_ids"] != aux_layer_ids:
         raise InputError(f"{states_dir}: states for aux layers {states.info['aux_layer_ids']}, "
                          f"the manifest's are {aux_layer_ids}")
+    texts = states.texts()
+    head = TargetHead(target_dir, device) if any(t > 0 for _, t, _ in texts) else None
+    embedding = head.embed_tokens if head else read_target_embedding(target_dir)
     trained = DrafterConfig(**json.loads(Path(trained_config_path).read_text()))
-    d2t, t2d = load_vocab(d2t_path, t2d_path)
-    drafter = trained_drafter(drafter_dir, trained, d2t, t2d, read_target_embedding(target_dir)).to(device)
+    drafter = trained_drafter(drafter_dir, trained, *load_vocab(d2t_path, t2d_path), embedding).to(device)
     log.info("offline side: %d samples of %s (%s backend, %s, layers %s); no target model loaded", len(states),
              states_dir, states.info["backend"], states.info["dtype"], states.info["layer_ids"])
-    offline = offline_acceptances(states, [(drafter, aux_layer_ids)], K, device)[0]
-    log.info("vLLM %s, offline %s", online["acceptance_rate_per_position"], offline["acceptance_rate_per_position"])
-
-    def diagnose():
-        variants = misreadings(drafter, aux_layer_ids, manifest["num_layers"])
-        found = []
-        rates = offline_acceptances(states, [(variant, ids) for _, variant, ids in variants], K, device)
-        for (description, _, _), rate in zip(variants, rates):
-            gap = largest_gap(rate, online)
-            log.info("misreading %s: offline %s (largest gap to vLLM %.3f)", description,
-                     rate["acceptance_rate_per_position"], gap)
-            if gap <= agreement_tolerance:
-                found.append(description)
-        return found
-
-    return online, offline, check_agreement(online, offline, agreement_tolerance, diagnose)
-
-
-def evaluate_vllm(runs_path, outputs_path, states_dir, target_dir, drafter_dir, trained_config_path, manifest_path,
-                  d2t_path, t2d_path, metrics_path, *, agreement_tolerance, device=None):
-    """The evaluate_vllm stage: vllm_metrics.json, with vllm_runs' figures (`runs_path`) and the
-    offline evaluator's acceptance on the same continuations (`outputs_path`), from their target
-    states (`states_dir`, rule agreement_states) with the drafter on `device`; fails when vLLM's
-    acceptance disagrees with it (verify_agreement)."""
-    runs = json.loads(Path(runs_path).read_text())
-    AgreementStates(states_dir).check_text(outputs_path)
-    counters = runs.pop("counters")
-    online, offline, gap = verify_agreement(
-        states_dir, target_dir, drafter_dir, trained_config_path, manifest_path, d2t_path, t2d_path, counters,
-        num_speculative_tokens=runs["num_speculative_tokens"], agreement_tolerance=agreement_tolerance, device=device)
-    metrics = {**runs, **online, "offline_on_vllm_text": offline, "max_disagreement": gap,
-               "agreement_tolerance": agreement_tolerance}
-    log.info("vLLM metrics: %s", json.dumps(metrics))
+    max_tokens = baseline["max_tokens"]
+    offline = {(suite, t): offline_estimates(states, indices, [(drafter, aux_layer_ids)], Ks, temperature=t,
+                                             max_tokens=max_tokens, head=head, device=device)[0]
+               for suite, t, indices in texts}
+    plain = {(r["suite"], r["temperature"], r["concurrency"]): r for r in baseline["runs"]}
+    sampled = sum(spec["num_speculative_tokens"] * sum(r["temperature"] > 0 for r in spec["runs"])
+                  for spec in speculative)  # positions compared at temperature > 0
+    z = family_z(agreement_standard_errors, sampled)
+    runs = []
+    for spec in speculative:
+        for run in spec["runs"]:
+            key, K = (run["suite"], run["temperature"]), spec["num_speculative_tokens"]
+            estimate_k = offline[key][K]
+            limits = tolerance(estimate_k, run["temperature"], agreement_tolerance=agreement_tolerance, z=z)
+            runs.append(speculative_run(spec, run, plain[key + (run["concurrency"],)], estimate_k, limits))
+            log.info("%s T=%g c=%d K=%d: vLLM %s, offline %s, tolerance %s: %s", *key, run["concurrency"], K,
+                     _rates(runs[-1]), _rates(estimate_k), " / ".join(f"{t:.3f}" for t in limits),
+                     "agree" if runs[-1]["agrees"] else "DISAGREE")
+    if failing := [r for r in runs if not r["agrees"]]:
+        first = failing[0]
+        indices = next(i for suite, t, i in texts if (suite, t) == (first["suite"], first["temperature"]))
+        raise disagreement(failing, len(runs), diagnose(states, indices, first, drafter, aux_layer_ids,
+                                                        manifest["num_layers"], max_tokens=max_tokens, head=head,
+                                                        device=device))
+    metrics = {
+        "vllm_version": speculative[0]["vllm_version"],
+        "max_tokens": max_tokens,
+        "suites": {suite: plain[(suite, t, c)]["prompts"] for suite, t, c in plain},
+        "temperatures": sorted({t for _, t, _ in plain}),
+        "num_speculative_tokens": Ks,
+        "concurrency": sorted({c for _, _, c in plain}),
+        "greedy_identity_exact": speculative[0]["greedy_identity_exact"],
+        "max_divergent_share": speculative[0]["max_divergent_share"],
+        "agreement": {"greedy_tolerance": agreement_tolerance, "standard_errors": agreement_standard_errors,
+                      "sampled_comparisons": sampled, "z": z},
+        "runs": runs,
+        "recommended": recommend(runs),
+    }
     write_json(metrics_path, metrics)
     return metrics

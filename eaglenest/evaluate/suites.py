@@ -1,0 +1,76 @@
+"""The prompt suites the drafter is evaluated on in vLLM (rule eval_prompts).
+
+A suite is a set of prompts the target answers while vLLM speculates. "heldout", the training
+data's held-out split, is always one: each sample's tokens before its first generated one,
+exactly what the target was asked. Every other suite is a file of eval.suites in data.prompts'
+shape ({"id", "messages"} per line: an exported MT-Bench or GSM8K, README "Evaluation suites"),
+rendered by the target's chat template as tokenize renders prompts. Either way a suite becomes
+one JSONL of {"id", "prompt_token_ids", "where"} (where: the file and line it came from, for errors).
+"""
+
+import json
+import logging
+
+from eaglenest.data.prompts import read_prompts
+from eaglenest.data.samples import is_heldout, read_tokenized
+from eaglenest.data.tokenizer import Tokenizer
+from eaglenest.workflow.atomic import atomic_path
+from eaglenest.workflow.config import HELDOUT_SUITE as HELDOUT
+from eaglenest.workflow.errors import InputError
+from eaglenest.workflow.jsonl import read_objects
+
+log = logging.getLogger(__name__)
+
+
+def heldout_prompts(tokenized_path, heldout_fraction, max_prompts):
+    """The held-out samples' prompts, at most `max_prompts`, as suite entries."""
+    entries = []
+    for line, sample in enumerate(read_tokenized(tokenized_path), 1):
+        if is_heldout(sample["id"], heldout_fraction) and len(entries) < max_prompts:
+            entries.append({"id": sample["id"], "prompt_token_ids": sample["input_ids"][: sample["loss_mask"].index(1)],
+                            "where": f"{tokenized_path}:{line}"})
+    if not entries:
+        raise InputError(f"{tokenized_path}: no held-out samples (train.heldout_fraction {heldout_fraction})")
+    return entries
+
+
+def file_prompts(prompts_path, target_dir, max_prompts, *, trust_remote_code, chat_template_kwargs, think_start,
+                 think_end, end_of_turn):
+    """The first `max_prompts` prompts of a suite file (errors name its file:line:field), rendered
+    by the target's chat template with tokenize's settings, as generation renders them."""
+    tokenizer = Tokenizer(target_dir, trust_remote_code=trust_remote_code, think_start=think_start,
+                          think_end=think_end, end_of_turn=end_of_turn, chat_template_kwargs=chat_template_kwargs)
+    return [{"id": prompt_id, "prompt_token_ids": tokenizer.prompt(messages), "where": where}
+            for prompt_id, messages, where in read_prompts(prompts_path)[:max_prompts]]
+
+
+def write_suite_prompts(out_path, suite, *, tokenized_path=None, prompts_path=None, target_dir=None,
+                        heldout_fraction, max_prompts, tokenize):
+    """Suite `suite`'s prompts into `out_path`: the held-out split of `tokenized_path` for HELDOUT,
+    else `prompts_path` rendered by `target_dir`'s tokenizer (`tokenize`: trust_remote_code and the
+    config's tokenize settings) -> their count."""
+    if suite == HELDOUT:
+        entries = heldout_prompts(tokenized_path, heldout_fraction, max_prompts)
+    else:
+        entries = file_prompts(prompts_path, target_dir, max_prompts, **tokenize)
+    tokens = [len(e["prompt_token_ids"]) for e in entries]
+    log.info("suite %s: %d prompts from %s, %d to %d tokens", suite, len(entries),
+             tokenized_path if suite == HELDOUT else prompts_path, min(tokens), max(tokens))
+    with atomic_path(out_path) as tmp, open(tmp, "w") as f:
+        for entry in entries:
+            f.write(json.dumps(entry) + "\n")
+    return len(entries)
+
+
+def read_suites(paths, names):
+    """{suite name: its entries} from eval_prompts' files, in `names`' order."""
+    return {name: list(read_objects(path)) for name, path in zip(names, paths)}
+
+
+def check_prompt_lengths(suites, max_model_len):
+    """Refuse a prompt of vllm.max_model_len tokens or more (vLLM would), naming where it came from."""
+    for name, entries in suites.items():
+        for entry in entries:
+            if len(entry["prompt_token_ids"]) >= max_model_len:
+                raise InputError(f"{entry['where']}: field 'messages': suite {name}'s prompt {entry['id']!r} has "
+                                 f"{len(entry['prompt_token_ids'])} tokens, vllm.max_model_len is {max_model_len}")

@@ -1,0 +1,25 @@
+from eaglenest.evaluate.online import vllm_speculative
+from eaglenest.workflow.stage import run_stage
+
+if __name__ == "__main__":  # vLLM starts worker processes that import this file again
+    run_stage(
+        snakemake.log[0],
+        snakemake.threads,
+        vllm_speculative,
+        snakemake.input.prompts,
+        snakemake.input.target,
+        snakemake.input.drafter,
+        snakemake.input.baseline,
+        snakemake.output.runs,
+        num_speculative_tokens=snakemake.params.num_speculative_tokens,
+        suites=snakemake.params.suites,
+        temperatures=snakemake.params.temperatures,
+        concurrency=snakemake.params.concurrency,
+        max_tokens=snakemake.params.max_tokens,
+        seed=snakemake.params.seed,
+        max_divergent_share=snakemake.params.max_divergent_share,
+        vllm=snakemake.config["vllm"],
+        trust_remote_code=snakemake.params.trust_remote_code,
+        end_of_turn=snakemake.params.end_of_turn,
+        gpus=snakemake.resources.gpu,
+    )
