@@ -104,7 +104,7 @@ def build(root, size):
 
     from eaglenest.states.convention import FINAL_STATE_CONVENTION
     from eaglenest.train.init_drafter import new_drafter
-    from eaglenest.train.target_head import TargetHead
+    from eaglenest.drafter.target_head import TargetHead
 
     config = write_target(root, size)
     head = TargetHead(root)

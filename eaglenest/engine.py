@@ -1,6 +1,6 @@
 """Everything that starts vLLM: engine arguments from the config's `vllm` section, the engine,
-and generation with vLLM's spec-decode counters (on an engine of its own, `generate`, or on one
-already started, `generate_with`; from many threads at once, `SharedEngine`), its progress as
+and generation with vLLM's spec-decode counters on a started engine (`generate_with`; at most so
+many requests at once, `generate_at`; from many threads at once, `SharedEngine`), its progress as
 log lines.
 
 vLLM starts worker processes: call these only under `if __name__ == "__main__":` (a Snakemake
@@ -122,27 +122,6 @@ class EngineHolder:
 
     def __exit__(self, *exc):
         self.close()
-
-
-def generate(target_dir, prompts, vllm, *, trust_remote_code, stop_token_ids, max_tokens, temperature=0.0,
-             seed=0, drafter_dir=None, num_speculative_tokens=3, max_num_seqs=None, progress=None):
-    """Start an engine with the settings `vllm` (the config's vllm section) and generate for each
-    prompt (a list of token ids) with it: generate_with's dict.
-
-    seed: the engine's seed (every request samples from it).
-    drafter_dir: an EAGLE-3 drafter to speculate with, num_speculative_tokens at a time.
-    max_num_seqs: how many requests run at once (vLLM's default if None).
-    progress: generate_with's.
-    """
-    speculative_config = None
-    if drafter_dir is not None:
-        speculative_config = {"method": "eagle3", "model": str(drafter_dir),
-                              "num_speculative_tokens": num_speculative_tokens}
-    llm = start_engine(target_dir, engine_args(vllm, trust_remote_code=trust_remote_code, seed=seed,
-                                               max_num_seqs=max_num_seqs or None,
-                                               speculative_config=speculative_config))
-    return generate_with(llm, prompts, stop_token_ids=stop_token_ids, max_tokens=max_tokens, temperature=temperature,
-                         progress=progress)
 
 
 def generate_with(llm, prompts, *, stop_token_ids, max_tokens, temperature=0.0, seeds=None, progress=None):

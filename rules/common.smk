@@ -41,7 +41,8 @@ DRAFTER = f"{RESULTS}/drafter"
 # Evaluation in vLLM: the suites (the held-out split always, then eval.suites' files) and the
 # K of each drafter engine
 HELDOUT = HELDOUT_SUITE
-SUITES = [HELDOUT, *config["eval"]["suites"]]
+SUITE_FILES = {suite["name"]: suite["prompts"] for suite in config["eval"]["suites"]}
+SUITES = [HELDOUT, *SUITE_FILES]
 SUITE_PATTERN = "|".join(SUITES)
 SUITE_PROMPTS = expand(f"{RESULTS}/eval/prompts/{{suite}}.jsonl", suite=SUITES)
 SPECULATIVE_TOKENS = sorted(set(config["eval"]["num_speculative_tokens"]))

@@ -53,7 +53,7 @@ def suite_source(wildcards):
     """eval_prompts' input: the tokenized data for the held-out suite, else the suite's file and the target's tokenizer."""
     if wildcards.suite == HELDOUT:
         return {"tokenized": TOKENIZED}
-    return {"prompts": config["eval"]["suites"][wildcards.suite], "target": TARGET}
+    return {"prompts": SUITE_FILES[wildcards.suite], "target": TARGET}
 
 
 rule eval_prompts:

@@ -38,11 +38,12 @@ def demo_target(tmp_path_factory):
 
 WORKFLOW_FILES = ["Snakefile", "config.yaml", "rules", "scripts", "schemas", "envs", "eaglenest", "resources", "report"]
 FAST = {  # the demo, shrunk so that a whole run takes a few minutes on 2 cores
-    "demo_target": {"steps": 40, "batch_size": 8, "seq_len": 128},
+    # a target trained long enough to be sure of some tokens at temperature 1 (the sampled checks need it)
+    "demo_target": {"steps": 160, "batch_size": 8, "seq_len": 128},
     "generate": {"max_tokens": 64},
     "hidden_states": {"num_shards": 3},
     "train": {"epochs": 2},
-    "eval": {"max_tokens": 64, "max_prompts": 48},
+    "eval": {"max_tokens": 64, "max_prompts": 24, "concurrency": [2, 4]},
 }
 FAST_PROMPTS = 400  # of the demo's 2,000
 

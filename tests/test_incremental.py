@@ -154,7 +154,8 @@ def test_another_k_runs_one_drafter_engine_and_nothing_else_in_vllm(workdir):
     edit_config(workdir, {"eval": {"num_speculative_tokens": [1, 2, 3]}})
     assert planned(workdir) == {"vllm_speculative": 1, "evaluate_vllm": 1, "summary": 1, "report_figures": 1, "all": 1}
     assert "results/eval/vllm_speculative/K2.json" in snakemake(workdir, "-n").stdout
-    edit_config(workdir, {"eval": {"num_speculative_tokens": [1, 3], "suites": {"again": "resources/demo/eval_chat.jsonl"}}})
+    edit_config(workdir, {"eval": {"num_speculative_tokens": [1, 3], "suites": [{"name": "chat", "prompts": "resources/demo/eval_chat.jsonl"},
+                                                                            {"name": "again", "prompts": "resources/demo/eval_chat.jsonl"}]}})
     assert planned(workdir) == {"eval_prompts": 1, "vllm_baseline": 1, "vllm_speculative": 2, "agreement_states": 1,
                                 "evaluate_vllm": 1, "summary": 1, "report_figures": 1, "all": 1}
 

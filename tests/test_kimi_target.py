@@ -20,7 +20,7 @@ from eaglenest.data.target import (
 from eaglenest.states.hf import extract_shard, load_target, text_model_config
 from eaglenest.states.manifest import write_manifest
 from eaglenest.states.shards import read_shard
-from eaglenest.train.target_head import TargetHead
+from eaglenest.drafter.target_head import TargetHead
 from eaglenest.workflow.errors import InputError
 from kimi_target import build_kimi_target, build_plain_twin
 

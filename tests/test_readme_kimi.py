@@ -33,6 +33,9 @@ def test_the_example_is_complete_and_valid():
     assert example["tokenize"]["max_seq_len"] <= example["vllm"]["max_model_len"]  # extraction takes them whole
     assert example["hidden_states"]["dtype"] == "bfloat16" and example["vllm"]["dtype"] == "auto"
     assert example["drafter"]["head_dim"] in (64, 128, 256, 512)  # every vLLM attention backend serves it
+    grid = example["eval"]
+    assert 1.0 in grid["temperatures"] and 0.0 in grid["temperatures"]  # the thinking mode as served, and greedy
+    assert len(grid["suites"]) >= 4 and len(grid["num_speculative_tokens"]) >= 3 and len(grid["concurrency"]) >= 2
 
 
 @pytest.fixture(scope="module")
@@ -43,6 +46,8 @@ def kimi_run(tmp_path_factory):
     example = readme_kimi_yaml()
     example["target"]["path"] = str(tmp / "Kimi-K2.5")
     example["data"]["prompts"] = str(REPO / "resources/demo/prompts.jsonl")
+    for suite in example["eval"]["suites"]:
+        suite["prompts"] = str(REPO / "resources/demo/eval_chat.jsonl")
     example["results"] = str(tmp / "results")
     path = tmp / "kimi.yaml"
     path.write_text(yaml.safe_dump(example))
@@ -59,6 +64,7 @@ def test_the_example_dry_runs_with_the_blackwell_profile(kimi_run):
     assert "build_demo_target" not in counts
     assert counts["generate_part"] == "16" and counts["generate_responses"] == "1"  # generate.num_parts
     assert counts["hidden_states"] == "256" and counts["train_drafter"] == "1"
+    assert counts["eval_prompts"] == "5" and counts["vllm_baseline"] == "1" and counts["vllm_speculative"] == "3"
     jobs = re.findall(r"^(?:local)?(?:rule|checkpoint) (\w+):\n((?:[ \t]+.*\n?)*)", output, re.M)
     gpus = {rule: re.search(r"\bgpu=(\d+)", body)[1] for rule, body in jobs if re.search(r"\bgpu=(\d+)", body)}
     assert gpus["hidden_states"] == gpus["vllm_baseline"] == gpus["vllm_speculative"] == str(TP)

@@ -25,7 +25,7 @@ from eaglenest.states.shards import collate, read_shard
 from eaglenest.train.init_drafter import new_drafter
 from eaglenest.train.loop import start_run, train_drafter
 from eaglenest.train.loss import ttt_loss
-from eaglenest.train.target_head import TargetHead
+from eaglenest.drafter.target_head import TargetHead
 from eaglenest.workflow.atomic import save_torch
 
 V, N, H, K = 128, 96, 64, 3

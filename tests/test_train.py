@@ -28,7 +28,7 @@ from eaglenest.workflow.errors import InputError
 from eaglenest.data.samples import is_heldout
 from eaglenest.train.loop import train_drafter
 from eaglenest.train.resume import run_key
-from eaglenest.train.target_head import TargetHead
+from eaglenest.drafter.target_head import TargetHead
 from eaglenest.data.vocab import draft_maps
 
 V, N, PROMPT, NEW, K = 256, 64, 8, 40, 3

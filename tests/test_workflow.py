@@ -109,6 +109,24 @@ def test_bad_input_fails_with_file_line_field_and_leaves_nothing(workdir):
     assert not list((workdir / "results/data").glob(".*tmp"))
 
 
+def test_a_bad_suite_file_fails_its_prompts_with_file_line_field(workdir):
+    """An evaluation suite is read as data.prompts is: the error names the file, line and field in
+    the rule's log, and no prompts file is left; the held-out suite is untouched."""
+    suite = workdir / "resources/my_suite.jsonl"
+    lines = (REPO / "resources/demo/eval_chat.jsonl").read_text().splitlines()[:3]
+    lines[1] = json.dumps({"id": "x", "messages": [{"role": "user", "content": "hi"}, {"role": "robot", "content": "?"}]})
+    suite.write_text("\n".join(lines) + "\n")
+    edit_config(workdir, {"eval": {"suites": [{"name": "mine", "prompts": "resources/my_suite.jsonl"}]}})
+    result = snakemake(workdir, "results/eval/prompts/mine.jsonl", check=False)
+    message = r"my_suite\.jsonl:2: field 'messages\[1\]\.role': expected one of \('system', 'user', 'assistant'\), got 'robot'"
+    assert result.returncode != 0 and re.search(message, (workdir / "results/logs/eval_prompts/mine.log").read_text())
+    assert not (workdir / "results/eval/prompts/mine.jsonl").exists()
+    edit_config(workdir, {"eval": {"suites": [{"name": "heldout", "prompts": "resources/my_suite.jsonl"}]}})
+    result = snakemake(workdir, "-n", check=False)
+    assert result.returncode != 0 and "config: eval.suites: 'heldout' is the training data's held-out split" in (
+        result.stdout + result.stderr)
+
+
 @pytest.mark.parametrize(
     "update, message",
     [

@@ -1,15 +1,31 @@
 """Run an eaglenest function that starts vLLM in its own process (vLLM spawns workers) and print
-its JSON result: eaglenest.engine.generate, eaglenest.evaluate.online.vllm_speculative, ...
+its JSON result: eaglenest.evaluate.online.vllm_speculative, or this file's eval_run.
 
-usage: vllm_generate.py MODULE.FUNCTION CALL_JSON    (CALL_JSON: {"args": [...], "kwargs": {...}})
+usage: vllm_generate.py MODULE.FUNCTION|eval_run CALL_JSON    (CALL_JSON: {"args": [...], "kwargs": {...}})
 """
 
 import importlib
 import json
 import sys
 
+from eaglenest.evaluate.online import EvalEngine
+
+
+def eval_run(target, prompts, *, drafter, num_speculative_tokens, concurrency, max_tokens, vllm):
+    """One greedy run through an evaluation engine (eaglenest.evaluate.online.EvalEngine) with the
+    drafter at K: generate_at's dict (token ids, finish reasons, this run's counters)."""
+    spec = {"method": "eagle3", "model": drafter, "num_speculative_tokens": num_speculative_tokens}
+    with EvalEngine(target, vllm, trust_remote_code=False, end_of_turn="<|im_end|>", concurrency=[concurrency],
+                    seed=0, speculative_config=spec) as engine:
+        return engine.run("heldout", [{"id": str(i), "prompt_token_ids": p} for i, p in enumerate(prompts)], 0.0,
+                          concurrency, max_tokens, "eval_run")
+
+
 if __name__ == "__main__":
-    module, name = sys.argv[1].rsplit(".", 1)
     call = json.load(open(sys.argv[2]))
-    result = getattr(importlib.import_module(module), name)(*call.get("args", []), **call.get("kwargs", {}))
-    print("RESULT " + json.dumps(result))
+    if sys.argv[1] == "eval_run":
+        function = eval_run
+    else:
+        module, name = sys.argv[1].rsplit(".", 1)
+        function = getattr(importlib.import_module(module), name)
+    print("RESULT " + json.dumps(function(*call.get("args", []), **call.get("kwargs", {}))))

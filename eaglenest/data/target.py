@@ -55,7 +55,7 @@ def target_dtype(target_dir):
 def target_ties_embeddings(target_dir):
     """Whether the config ties lm_head to embed_tokens: `tie_word_embeddings` of the text model,
     else of its wrapper, else untied. As in transformers, a checkpoint that has its own
-    lm_head.weight is untied whatever this says (eaglenest.train.target_head)."""
+    lm_head.weight is untied whatever this says (eaglenest.drafter.target_head)."""
     return bool(_setting(target_dir, ("tie_word_embeddings",)))
 
 

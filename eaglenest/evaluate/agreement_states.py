@@ -1,10 +1,12 @@
 """The target's hidden states for the agreement check (eaglenest.evaluate.agreement): taken by the
 hidden_states stage's own backend, never by a second copy of the target.
 
-The check runs the offline evaluator on vLLM's greedy continuations, so it needs the target's aux
-states of every prompt + continuation. At the real target's scale (Kimi-K2.5: 61 layers, ~1T
-parameters, TP 8) only the configured backend can produce them, so they come from it with rule
-hidden_states' settings: `hidden_states.backend` (vllm: vLLM at the configured tensor parallelism,
+The check replays vLLM's drafting on the baseline's continuations (rule vllm_baseline: at each
+suite and temperature's first concurrency, reference_samples), so it needs the target's aux
+states of every such prompt + continuation, and its final state for the target's probabilities
+above temperature 0. At the real target's scale (Kimi-K2.5: 61 layers, ~1T parameters, TP 8)
+only the configured backend can produce them, so they come from it with rule hidden_states'
+settings: `hidden_states.backend` (vllm: vLLM at the configured tensor parallelism,
 eaglenest.states.vllm_extract; hf: transformers on hidden_states.device), hidden_states.dtype, the
 vllm section and target.trust_remote_code. They are written in the shard format
 (eaglenest.states.shards, loss_mask on the continuation) into files of at most FILE_TOKENS tokens

@@ -39,10 +39,11 @@ def serving_table(online):
         lines.append("- speculation pays in every measured setting")
     agreement = online["agreement"]
     worst = max(r["max_disagreement"] for r in runs)
+    greedy = "; greedy text unchanged by speculation" if 0 in online["temperatures"] else ""
     lines.append(f"- offline and vLLM agree in all {len(runs)} runs (largest gap {worst:.3f} per position; tolerance: "
                  f"{agreement['greedy_tolerance']} at temperature 0, {agreement['z']:.2f} standard errors above it, "
-                 f"{agreement['standard_errors']:g} family-wise over {agreement['sampled_comparisons']} positions); "
-                 f"greedy text unchanged by speculation")
+                 f"{agreement['standard_errors']:g} family-wise over {agreement['sampled_comparisons']} positions)"
+                 + greedy)
     return lines
 
 
@@ -66,7 +67,8 @@ def write_summary(tokenize_report, coverage, train_log, offline_metrics, vllm_me
         "- training: final " + ", ".join(f"{k} {v}" for k, v in last.items()),
         f"- offline, on the held-out shards, K={offline['num_speculative_tokens']}: acceptance per position "
         f"{_rates(served)}, mean acceptance length {served['mean_acceptance_length']:.2f} ({served['num_drafts']} drafts)",
-        f"- vLLM runs: suites " + ", ".join(f"{name} ({count} prompts)" for name, count in online["suites"].items())
+        "- vLLM runs: suites " + ", ".join(f"{name} ({online['suites'][name]} prompts)"
+                                            for name in dict.fromkeys(r["suite"] for r in online["runs"]))
         + f"; temperatures {', '.join(f'{t:g}' for t in online['temperatures'])}; K "
         + ", ".join(map(str, online["num_speculative_tokens"])) + "; concurrency "
         + ", ".join(map(str, online["concurrency"])) + f"; at most {online['max_tokens']} tokens each",

@@ -18,7 +18,10 @@ def validate_config(config, schema_path):
 
 
 def check_suites(config):
-    """Raise ValueError unless eval.suites leaves HELDOUT_SUITE's name to the held-out split."""
-    if HELDOUT_SUITE in config["eval"]["suites"]:
+    """Raise ValueError unless eval.suites' names are distinct and leave HELDOUT_SUITE's to the held-out split."""
+    names = [suite["name"] for suite in config["eval"]["suites"]]
+    if HELDOUT_SUITE in names:
         raise ValueError(f"config: eval.suites: {HELDOUT_SUITE!r} is the training data's held-out split, always "
                          "evaluated: name the suite otherwise")
+    if len(set(names)) < len(names):
+        raise ValueError(f"config: eval.suites: names must be distinct, got {names}")
