@@ -75,14 +75,14 @@ rule report_figures:
             caption="../report/acceptance_table.rst",
             category="Evaluation",
             subcategory="Acceptance",
-            labels={"figure": "Acceptance figures (table)"},
+            labels={"figure": "Every run, and the K to serve with (table)"},
         ),
         speed=report(
             f"{REPORT}/speed.svg",
             caption="../report/speed.rst",
             category="Evaluation",
             subcategory="Speed",
-            labels={"figure": "Mean acceptance length, tokens/s with and without the drafter"},
+            labels={"figure": "Speed-up against K, per concurrency"},
         ),
         stages=report(
             f"{REPORT}/stages.html",

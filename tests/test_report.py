@@ -13,6 +13,7 @@ import torch
 
 from eaglenest.data.vocab import vocab_map
 from eaglenest.evaluate.acceptance import acceptance
+from eaglenest.evaluate.online import recommend
 from eaglenest.report.common import percent
 from eaglenest.report.data import (coverage_curve, coverage_table, plot_coverage, plot_sample_lengths,
                                    sample_lengths, write_coverage_table)
@@ -155,55 +156,93 @@ def test_the_training_plot_has_loss_and_accuracy_per_ttt_step(tmp_path, heldout)
     assert ("TTT step 1, held out" in text) == heldout and "TTT step 2, held out" not in text
 
 
+def vllm_run(suite, temperature, K, concurrency, speedup):
+    """One run of vllm_metrics.json (eaglenest.evaluate.agreement.speculative_run's fields), from
+    the accepted lengths of vLLM's drafts and of the offline replay on the same text."""
+    lengths = [3, 3, 2, 1, 0, 3, 3, 3] if temperature == 0 else [1, 0, 0, 2, 0, 1, 0, 0]
+    replayed = [3, 3, 2, 1, 0, 3, 2, 3] if temperature == 0 else [1, 0, 1, 2, 0, 1, 0, 0]
+    online, offline = acceptance([min(a, K) for a in lengths], K), acceptance([min(a, K) for a in replayed], K)
+    errors = [0.0 if temperature == 0 else 0.05] * K
+    offline |= {"indicator_rate_per_position": offline["acceptance_rate_per_position"],
+                "standard_error_per_position": errors}
+    tolerance = [0.2] * K if temperature == 0 else [3.5 * e for e in errors]
+    gaps = [abs(a - b) for a, b in zip(online["acceptance_rate_per_position"], offline["acceptance_rate_per_position"])]
+    run = {"suite": suite, "temperature": temperature, "num_speculative_tokens": K, "concurrency": concurrency,
+           "prompts": 4, "generated_tokens": 60, "counters": {}, **online,
+           "tokens_per_s_without_speculation": 400.0 * concurrency,
+           "tokens_per_s_with_speculation": 400.0 * concurrency * speedup, "speedup": speedup, "offline": offline,
+           "max_disagreement": max(gaps), "tolerance_per_position": tolerance,
+           "agrees": all(g <= t for g, t in zip(gaps, tolerance))}
+    if temperature == 0:
+        run |= {"greedy_text_unchanged": True, "divergent_share": 0.0, "first_divergence": None}
+    return run
+
+
 def write_metrics(root):
-    """offline_metrics.json and vllm_metrics.json in their formats (docs/CONTRACTS.md), from
-    accepted lengths of K = 3 drafts."""
+    """offline_metrics.json and vllm_metrics.json in their formats (docs/CONTRACTS.md): two suites,
+    two temperatures, K 1 and 3, concurrency 1 and 4; speculation pays held out, not on chat."""
     served = acceptance([3, 3, 2, 1, 0, 3, 2, 3], 3)
     offline = {"num_speculative_tokens": 3, **acceptance([3, 3, 2, 1, 0, 3, 2, 3, 1, 2], 3), "served": served,
                "heldout_samples": 4, "heldout_tokens": 120, "heldout_generated_tokens": 60}
-    vllm = {"vllm_version": "0.0-test", "num_speculative_tokens": 3, "prompts": 4, "max_tokens": 16, "concurrency": 4,
-            "generated_tokens": 60, **acceptance([3, 3, 2, 1, 0, 3, 3, 3], 3), "offline_on_vllm_text": served,
-            "tokens_per_s_without_speculation": 400.0, "tokens_per_s_with_speculation": 600.0, "speedup": 1.5,
-            "greedy_text_unchanged": True, "max_disagreement": 0.125, "agreement_tolerance": 0.2}
+    base = {("heldout", 0.0): 1.2, ("heldout", 1.0): 0.9, ("chat", 0.0): 0.6, ("chat", 1.0): 0.5}
+    runs = [vllm_run(suite, t, K, c, round(base[suite, t] + 0.1 * K - 0.2 * (c == 4), 6))
+            for (suite, t) in base for K in (1, 3) for c in (1, 4)]
+    vllm = {"vllm_version": "0.0-test", "max_tokens": 16, "suites": {"chat": 3, "heldout": 4},
+            "temperatures": [0.0, 1.0], "num_speculative_tokens": [1, 3], "concurrency": [1, 4],
+            "greedy_identity_exact": True, "max_divergent_share": 0.25,
+            "agreement": {"greedy_tolerance": 0.2, "standard_errors": 3, "sampled_comparisons": 16, "z": 3.5},
+            "runs": runs, "recommended": recommend(runs)}
     write_json(root / "offline.json", offline)
     write_json(root / "vllm.json", vllm)
     return offline, vllm
 
 
-def test_the_acceptance_plot_puts_offline_and_vllm_side_by_side(tmp_path):
+def test_the_acceptance_plot_puts_vllm_and_offline_side_by_side_per_suite_and_temperature(tmp_path):
     offline, vllm = write_metrics(tmp_path)
     plot_acceptance(tmp_path / "offline.json", tmp_path / "vllm.json", tmp_path / "acceptance.svg")
     text = text_of(tmp_path / "acceptance.svg")
-    assert "Acceptance per position, K = 3 (vLLM 0.0-test, 4 held-out prompts)" in text
-    assert "position 1 position 2 position 3" in text and "acceptance rate (share of drafts accepted through k)" in text
-    for name, figures in [("vLLM (its spec-decode counters)", vllm),
-                          ("offline, on vLLM's greedy text", vllm["offline_on_vllm_text"]),
-                          ("offline, held-out shards", offline["served"])]:
-        assert f"{name} ({figures['num_drafts']:,} drafts)" in text
+    for expected in ["Acceptance per position at K = 3, vLLM 0.0-test and offline (at most 16 tokens per prompt)",
+                     "heldout, temperature 0 (4 prompts)", "heldout, temperature 1 (4 prompts)",
+                     "chat, temperature 0 (3 prompts)", "chat, temperature 1 (3 prompts)",
+                     "position 1 position 2 position 3", "share of drafts accepted through k",
+                     "vLLM, 1 request at once", "vLLM, 4 requests at once", "offline, on the baseline's text",
+                     "offline, held-out shards, at vLLM's anchors",
+                     "± 3 standard errors of the offline-vLLM gap (temperature > 0)"]:
+        assert expected in text, expected
+    assert text.index("heldout, temperature 0") < text.index("chat, temperature 0")  # the held-out split first
+    largest = next(r for r in vllm["runs"] if r["num_speculative_tokens"] == 3 and r["temperature"] == 0)
+    for figures in (largest, largest["offline"], offline["served"]):
         for rate in figures["acceptance_rate_per_position"]:
             assert f"{rate:.2f}" in text
 
 
-def test_the_speed_plot_gives_acceptance_length_and_tokens_per_second(tmp_path):
-    offline, vllm = write_metrics(tmp_path)
+def test_the_speed_plot_gives_the_speedup_against_k_and_the_k_to_serve_with(tmp_path):
+    write_metrics(tmp_path)
     plot_speed(tmp_path / "offline.json", tmp_path / "vllm.json", tmp_path / "speed.svg")
     text = text_of(tmp_path / "speed.svg")
-    for expected in ["Mean acceptance length", "tokens per target forward pass", "without the drafter: 1",
-                     "the most possible: K + 1 = 4", f"{vllm['mean_acceptance_length']:.2f}",
-                     f"{offline['served']['mean_acceptance_length']:.2f}", "vLLM decoding speed, 4 requests at once",
-                     "generated tokens / s", "without the drafter", "with the drafter", "400", "600",
-                     "speedup 1.50x; greedy text unchanged"]:
+    for expected in ["Speed-up against K, vLLM 0.0-test (tokens/s with the drafter / without)",
+                     "K (num_speculative_tokens: tokens drafted per step)", "speed-up (x)",
+                     "1x: speculation does not pay below", "1 request at once", "4 requests at once",
+                     "recommended K: the best measured speed-up (in the title)",
+                     "heldout, temperature 0 (4 prompts) 1 at once: K=3, 1.50x · 4 at once: K=3, 1.30x",
+                     "heldout, temperature 1 (4 prompts) 1 at once: K=3, 1.20x · 4 at once: does not pay (K=3: 1.00x)",
+                     "chat, temperature 1 (3 prompts) 1 at once: does not pay (K=3: 0.80x)"]:
         assert expected in text, expected
 
 
-def test_the_acceptance_table_has_the_numbers_behind_the_plots(tmp_path):
+def test_the_acceptance_table_has_every_run_and_the_k_to_serve_with(tmp_path):
     offline, vllm = write_metrics(tmp_path)
     write_acceptance_table(tmp_path / "offline.json", tmp_path / "vllm.json", tmp_path / "acceptance.html")
     page = text_of(tmp_path / "acceptance.html")
-    rates = " ".join(f"{r:.3f}" for r in vllm["acceptance_rate_per_position"])
-    assert f"vLLM (its spec-decode counters) {rates} {vllm['mean_acceptance_length']:.2f} 8" in page
-    assert "offline, held-out shards, a draft at every anchor" in page
-    assert "agree within 0.125 per position (tolerance 0.2)" in page and "600 tokens/s with the drafter" in page
+    run = next(r for r in vllm["runs"] if (r["suite"], r["temperature"], r["num_speculative_tokens"],
+                                            r["concurrency"]) == ("heldout", 0.0, 3, 1))
+    rates, replayed = (" / ".join(f"{r:.3f}" for r in f["acceptance_rate_per_position"]) for f in (run, run["offline"]))
+    assert (f"heldout 0 3 1 8 {rates} {run['mean_acceptance_length']:.2f} {replayed} 0.200 / 0.200 / 0.200 "
+            f"{run['max_disagreement']:.3f} yes unchanged 400 600 1.50x") in page
+    assert "chat 1 1 4 8 0.375 1.38 0.500 0.175 0.125 yes — 1,600 640 0.40x" in page  # sampled: z standard errors
+    assert "heldout 0 1 K = 3 1.50x" in page and "heldout 1 4 no drafter: does not pay (best K = 3) 1.00x" in page
+    assert "Offline and vLLM agree in 16 of 16 runs" in page and "suites heldout (4 prompts), chat (3 prompts)" in page
+    assert "a draft at every anchor" in page and f"{offline['served']['mean_acceptance_length']:.2f}" in page
 
 
 def test_the_plan_table_gives_sizes_and_the_time_per_stage(tmp_path):
@@ -265,6 +304,7 @@ def test_the_report_holds_every_category_figure_and_caption(report_html, built):
     text = text_of(description)
     assert "System Message" not in description
     assert "eaglenest: an EAGLE-3 drafter" in text and "in 3 shards" in text and "samples longer than 512 tokens" in text
+    assert "vllm_speculative" in text and "vllm_runs" not in text and "at each K of 1, 3" in text
     for category in CATEGORIES:
         for name in CATEGORIES[category] - {"vocab_coverage.html", "acceptance.html"}:  # linked from the front page
             assert f"showResultInfo('results/report/{name}')" in description, name
@@ -276,15 +316,24 @@ def test_the_built_runs_figures_carry_its_numbers(built):
     coverage = json.loads((results / "vocab/coverage.json").read_text())
     online = json.loads((results / "eval/vllm_metrics.json").read_text())
     stages = text_of(results / "report/stages.html")
+    with_drafter = [f"vLLM with the drafter, K = {k}" for k in online["num_speculative_tokens"]]
     for stage in ("target", "generate", "tokenize", "draft vocabulary", "plan", "hidden states", "train",
-                  "offline evaluation", "vLLM runs", "agreement states", "vLLM evaluation"):
+                  "offline evaluation", "evaluation prompts", "vLLM baseline", *with_drafter, "agreement states",
+                  "vLLM evaluation"):
         assert f" {stage} " in stages, stage
     assert f"{tokenize['samples_out']:,} samples, {tokenize['tokens']:,} tokens" in stages
     assert "3 shards" in stages and "pre-flight check passed" in stages
     coverage_page = text_of(results / "report/vocab_coverage.html")
     assert f"{coverage['draft_vocab_size']} {coverage['draft_vocab_size']} " in coverage_page
     assert percent(coverage["coverage"]) in coverage_page
-    assert f"speedup {online['speedup']:.2f}x" in text_of(results / "report/speed.svg")
+    speed, table = text_of(results / "report/speed.svg"), text_of(results / "report/acceptance.html")
+    for best in online["recommended"]:  # the K to serve with, in the speed plot's titles and in the table
+        K, x = best["num_speculative_tokens"], f"{best['speedup']:.2f}x"
+        assert (f"{best['concurrency']} at once: K={K}, {x}" if best["speculation_pays"]
+                else f"{best['concurrency']} at once: does not pay (K={K}: {x})") in speed
+        assert (f"{best['suite']} {best['temperature']:g} {best['concurrency']} "
+                + (f"K = {K}" if best["speculation_pays"] else f"no drafter: does not pay (best K = {K})")) in table
+    assert f"agree in {len(online['runs'])} of {len(online['runs'])} runs" in stages
     frame = stages_table({key: results / path for key, path in {
         "plan": "plan.json", "tokenize": "data/tokenize_report.json", "coverage": "vocab/coverage.json",
         "manifest": "hidden_states/manifest.json", "train_log": "train/train_log.tsv", "check": "eval/drafter_check.json",
@@ -292,3 +341,5 @@ def test_the_built_runs_figures_carry_its_numbers(built):
     }.items()}, results / "benchmarks", generated_here=True, demo_target=True).set_index("stage")
     assert frame.loc["hidden states", "jobs benchmarked"] == "3" and frame.loc["generate", "jobs benchmarked"] == "4"
     assert frame.loc["tokenize", "wall time"] == "—" and frame.loc["train", "wall time"] != "—"
+    for stage in ("vLLM baseline", *with_drafter, "agreement states", "vLLM evaluation"):
+        assert frame.loc[stage, "jobs benchmarked"] == "1" and frame.loc[stage, "wall time"] != "—", stage

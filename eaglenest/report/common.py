@@ -30,10 +30,11 @@ STYLE = {
     "legend.fontsize": 9,
     "legend.framealpha": 0.85,
 }
-# One color per source of acceptance figures, the same in every plot
+# One color per source of acceptance figures, the same in every plot (vLLM's runs: shades of its
+# blue, one per concurrency, from eaglenest.report.evaluate)
 SOURCES = {
     "vllm": ("vLLM (its spec-decode counters)", "#1f77b4"),
-    "offline_vllm_text": ("offline, on vLLM's greedy text", "#ff7f0e"),
+    "offline_same_text": ("offline, on the baseline's text", "#ff7f0e"),
     "offline_heldout": ("offline, held-out shards", "#2ca02c"),
 }
 CHOSEN = "#d62728"  # what the config chose (draft vocab size, max_seq_len)
@@ -58,12 +59,12 @@ def read_json(path):
 
 
 @contextlib.contextmanager
-def svg_figure(path, *, ncols=1, size=(7.5, 4.5), title=None):
-    """Yield (figure, axes list) in the report's style; on leaving, write the figure as SVG at
-    `path`, atomically."""
+def svg_figure(path, *, nrows=1, ncols=1, size=(7.5, 4.5), title=None, sharey=False):
+    """Yield (figure, axes list, row by row) in the report's style; on leaving, write the figure
+    as SVG at `path`, atomically. sharey: one y scale for every panel, so that they compare."""
     with matplotlib.rc_context(STYLE):
         fig = Figure(figsize=size, layout="constrained")
-        axes = list(fig.subplots(1, ncols, squeeze=False)[0])
+        axes = list(fig.subplots(nrows, ncols, squeeze=False, sharey=sharey).flat)
         yield fig, axes
         if title:
             fig.suptitle(title, fontsize=12, fontweight="bold")
@@ -71,9 +72,9 @@ def svg_figure(path, *, ncols=1, size=(7.5, 4.5), title=None):
             fig.savefig(tmp, format="svg", metadata={"Date": None})
 
 
-def label_bars(ax, bars, fmt="{:.2f}"):
+def label_bars(ax, bars, fmt="{:.2f}", fontsize=8, **kwargs):
     """Write each bar's value above it, so that a reader needs no ruler."""
-    ax.bar_label(bars, labels=[fmt.format(b.get_height()) for b in bars], padding=2, fontsize=8)
+    ax.bar_label(bars, labels=[fmt.format(b.get_height()) for b in bars], padding=2, fontsize=fontsize, **kwargs)
 
 
 def bar_axes(ax, thousands=False):

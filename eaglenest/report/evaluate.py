@@ -1,84 +1,227 @@
-"""The Evaluation figures: acceptance per position offline and in vLLM side by side, and what
-the drafter buys (mean acceptance length, tokens/s with and without it), plus their table."""
+"""The Evaluation figures and tables: per suite and temperature, vLLM's acceptance per position
+next to the offline estimate on the same text (the proof that vLLM runs the drafter as trained),
+and the speed-up against K per concurrency (what to serve with); every run as numbers."""
 
+from itertools import product
+
+import matplotlib
 import numpy as np
 import pandas as pd
 
-from eaglenest.report.common import SOURCES, bar_axes, count, label_bars, read_json, svg_figure, write_tables
+from eaglenest.report.common import (CHOSEN, DASH, SOURCES, bar_axes, count, label_bars, read_json, svg_figure,
+                                     write_tables)
+from eaglenest.workflow.config import HELDOUT_SUITE
+
+ERROR_BARS = {"ecolor": "#333", "capsize": 3, "elinewidth": 1}
+MARKERS = "osD^v"  # one per concurrency in the speed figure, besides its shade
 
 
-def acceptance_sources(offline_path, vllm_path):
-    """{source key: acceptance figures} (SOURCES' keys, in that order): vLLM's counters, the
-    offline evaluator on vLLM's greedy text, and offline on the held-out shards at the anchors
-    vLLM drafts from ("served", the comparable figure)."""
-    online = read_json(vllm_path)
-    offline = read_json(offline_path)
-    return {"vllm": online, "offline_vllm_text": online["offline_on_vllm_text"], "offline_heldout": offline["served"]}
+def suite_names(online):
+    """The suites in the order they ran: the held-out split first (vllm_metrics.json's "suites"
+    has its keys sorted)."""
+    names = list(dict.fromkeys(r["suite"] for r in online["runs"]))
+    return sorted(names + [s for s in online["suites"] if s not in names], key=lambda s: s != HELDOUT_SUITE)
+
+
+def panels(online):
+    """[(suite, temperature)] of vllm_metrics.json's grid, one panel each: suites row by row,
+    temperatures across."""
+    return list(product(suite_names(online), online["temperatures"]))
+
+
+def runs_at(online, suite, temperature, K=None):
+    """The runs of one (suite, temperature), at K = `K` or every K, by concurrency then K."""
+    runs = [r for r in online["runs"] if r["suite"] == suite and r["temperature"] == temperature
+            and K in (None, r["num_speculative_tokens"])]
+    return sorted(runs, key=lambda r: (r["concurrency"], r["num_speculative_tokens"]))
+
+
+def concurrency_colors(levels):
+    """{concurrency: color}: vLLM's blue alone, or its shades, darkest at the fewest requests at once."""
+    levels = sorted(levels)
+    if len(levels) == 1:
+        return {levels[0]: SOURCES["vllm"][1]}
+    shades = matplotlib.colormaps["Blues"]
+    return {c: shades(0.95 - 0.5 * i / (len(levels) - 1)) for i, c in enumerate(levels)}
+
+
+def at_once(c):
+    return f"{c} request{'' if c == 1 else 's'} at once"
+
+
+def panel_title(online, suite, temperature):
+    return f"{suite}, temperature {temperature:g} ({online['suites'][suite]:,} prompts)"
+
+
+def _grid_size(online, width, height):
+    """(rows, columns, figure size) of the panels' grid: `width` x `height` inches a panel, room for
+    the legend; never narrower than the title and the legend (one panel alone)."""
+    rows, cols = len(online["suites"]), len(online["temperatures"])
+    return rows, cols, (max(width * cols + 0.6, 10.0), height * rows + 1.3)
+
+
+def _outer_labels(axes, cols, xlabel, ylabel):
+    """Axis labels on the bottom row and the left column only (the panels share their scales)."""
+    for i, ax in enumerate(axes):
+        if i % cols == 0:
+            ax.set_ylabel(ylabel)
+        if i >= len(axes) - cols:
+            ax.set_xlabel(xlabel)
+
+
+def _figure_legend(fig, axes):
+    """One legend for every panel, under them: each label once, in the order first drawn."""
+    handles = {}
+    for ax in axes:
+        for handle, label in zip(*ax.get_legend_handles_labels()):
+            handles.setdefault(label, handle)
+    fig.legend(handles.values(), handles.keys(), loc="outside lower center", ncols=min(len(handles), 3))
+
+
+def _acceptance_bars(online, offline, suite, temperature, K, colors):
+    """[(label, rates, color, error bars or None)] of one panel: vLLM's runs at K (one per
+    concurrency), the offline estimate on their text (± eval.agreement_standard_errors standard
+    errors above temperature 0) and, held out at temperature 0, the offline held-out shards."""
+    runs = runs_at(online, suite, temperature, K)
+    bars = [(f"vLLM, {at_once(r['concurrency'])}", r["acceptance_rate_per_position"], colors[r["concurrency"]], None)
+            for r in runs]
+    if runs:
+        same = runs[0]["offline"]  # the estimate on the baseline's text, the same for every concurrency
+        z = online["agreement"]["standard_errors"]
+        errors = [z * se for se in same["standard_error_per_position"]] if temperature > 0 else None
+        bars.append((*SOURCES["offline_same_text"][:1], same["acceptance_rate_per_position"],
+                     SOURCES["offline_same_text"][1], errors))
+    if suite == HELDOUT_SUITE and temperature == 0:
+        bars.append((f"{SOURCES['offline_heldout'][0]}, at vLLM's anchors",
+                     offline["served"]["acceptance_rate_per_position"], SOURCES["offline_heldout"][1], None))
+    return bars
 
 
 def plot_acceptance(offline_path, vllm_path, svg_path):
-    """Grouped bars: at each draft position k, the share of drafts accepted through k, one bar per
-    source; offline and vLLM agree when the bars of a group are level."""
-    sources = acceptance_sources(offline_path, vllm_path)
-    K = len(sources["vllm"]["acceptance_rate_per_position"])
-    x = np.arange(1, K + 1)
-    width = 0.8 / len(sources)
-    online = read_json(vllm_path)
-    title = (f"Acceptance per position, K = {K} (vLLM {online['vllm_version']}, "
-             f"{online['prompts']:,} held-out prompts)")
-    with svg_figure(svg_path, size=(8, 4.6), title=title) as (fig, (ax,)):
-        for i, (key, figures) in enumerate(sources.items()):
-            name, color = SOURCES[key]
-            bars = ax.bar(x + (i - (len(sources) - 1) / 2) * width, figures["acceptance_rate_per_position"],
-                          width, color=color, label=f"{name} ({figures['num_drafts']:,} drafts)")
-            label_bars(ax, bars)
-        bar_axes(ax)
-        ax.set_xticks(x, [f"position {k}" for k in x])
-        ax.set_xlabel("draft position k (the k-th drafted token)")
-        ax.set_ylabel("acceptance rate (share of drafts accepted through k)")
-        ax.set_ylim(0, 1.18)
-        ax.legend(loc="upper right", ncols=1)
+    """Small multiples, one panel per suite and temperature: grouped bars at each draft position k,
+    the share of drafts accepted through k, at the largest K: vLLM's runs, the offline estimate on
+    the same text and (held out, greedy) the offline held-out shards. Level bars: vLLM runs the
+    drafter as trained."""
+    online, offline = read_json(vllm_path), read_json(offline_path)
+    K = max(online["num_speculative_tokens"])
+    colors = concurrency_colors(online["concurrency"])
+    rows, cols, size = _grid_size(online, 5.2, 3.3)
+    title = (f"Acceptance per position at K = {K}, vLLM {online['vllm_version']} and offline "
+             f"(at most {online['max_tokens']:,} tokens per prompt)")
+    with svg_figure(svg_path, nrows=rows, ncols=cols, size=size, title=title, sharey=True) as (fig, axes):
+        for ax, (suite, temperature) in zip(axes, panels(online)):
+            bars = _acceptance_bars(online, offline, suite, temperature, K, colors)
+            width = 0.84 / max(len(bars), 1)
+            for i, (label, rates, color, errors) in enumerate(bars):
+                x = np.arange(1, len(rates) + 1) + (i - (len(bars) - 1) / 2) * width
+                drawn = ax.bar(x, rates, width, color=color, label=label, yerr=errors, error_kw=ERROR_BARS)
+                crowded = len(bars) * K > 12  # upright labels would run into each other; above any error bar
+                label_bars(ax, drawn, fontsize=6 if crowded else 7, rotation=90 if crowded else 0)
+            if temperature > 0 and bars:  # the error bars' legend entry
+                ax.errorbar([np.nan], [np.nan], yerr=[1], fmt="none", **ERROR_BARS,
+                            label=f"± {online['agreement']['standard_errors']:g} standard errors of the "
+                                  "offline-vLLM gap (temperature > 0)")
+            if not bars:
+                ax.text(0.5, 0.5, "no runs", transform=ax.transAxes, ha="center")
+            bar_axes(ax)
+            ax.set_title(panel_title(online, suite, temperature), fontsize=10)
+            ax.set_xticks(np.arange(1, K + 1), [f"position {k}" for k in range(1, K + 1)])
+            ax.set_ylim(0, 1.2)
+        _outer_labels(axes, cols, "draft position k (the k-th drafted token)", "share of drafts accepted through k")
+        _figure_legend(fig, axes)
+
+
+def _speed_panel(ax, online, suite, temperature, colors):
+    """One (suite, temperature): the speed-up at each K, a line per concurrency, and the
+    recommended K of each concurrency ringed. -> the recommendations, for the panel's title."""
+    best = {r["concurrency"]: r for r in online["recommended"]
+            if (r["suite"], r["temperature"]) == (suite, temperature)}
+    for i, c in enumerate(sorted(colors)):
+        runs = [r for r in runs_at(online, suite, temperature) if r["concurrency"] == c]
+        ax.plot([r["num_speculative_tokens"] for r in runs], [r["speedup"] for r in runs], color=colors[c], lw=2,
+                marker=MARKERS[i % len(MARKERS)], markersize=6, label=at_once(c))
+    for c, b in sorted(best.items()):
+        ax.scatter([b["num_speculative_tokens"]], [b["speedup"]], s=190, facecolors="none", edgecolors=CHOSEN,
+                   lw=1.8, zorder=3, label="recommended K: the best measured speed-up (in the title)")
+    return [f"{c} at once: " + (f"K={b['num_speculative_tokens']}, {b['speedup']:.2f}x" if b["speculation_pays"]
+                                else f"does not pay (K={b['num_speculative_tokens']}: {b['speedup']:.2f}x)")
+            for c, b in sorted(best.items())]
 
 
 def plot_speed(offline_path, vllm_path, svg_path):
-    """Two panels: mean acceptance length (tokens per target forward; 1 without a drafter, K+1 at
-    most) by source, and vLLM's decoding speed without and with the drafter, with the speedup."""
-    sources = acceptance_sources(offline_path, vllm_path)
-    online = sources["vllm"]
-    K = online["num_speculative_tokens"]
-    with svg_figure(svg_path, ncols=2, size=(11, 4.4), title="What the drafter buys") as (fig, (length, speed)):
-        names = [SOURCES[key][0].replace(", ", ",\n").replace(" (", "\n(") for key in sources]
-        bars = length.bar(names, [s["mean_acceptance_length"] for s in sources.values()],
-                          color=[SOURCES[key][1] for key in sources], width=0.6)
-        label_bars(length, bars)
-        length.axhline(1, color="#444", ls="--", lw=1, label="without the drafter: 1")
-        length.axhline(K + 1, color="#888", ls=":", lw=1, label=f"the most possible: K + 1 = {K + 1}")
-        length.set_ylim(0, K + 2)
-        length.set_title("Mean acceptance length")
-        length.set_ylabel("tokens per target forward pass")
-        length.tick_params(axis="x", labelsize=8)
-        length.legend(loc="upper center", ncols=2)
-        bar_axes(length)
-        rates = [online["tokens_per_s_without_speculation"], online["tokens_per_s_with_speculation"]]
-        bars = speed.bar(["without the drafter", "with the drafter"], rates, color=["#7f7f7f", "#1f77b4"], width=0.5)
-        label_bars(speed, bars, "{:,.0f}")
-        speed.set_ylim(0, max(rates) * 1.25)
-        speed.set_title(f"vLLM decoding speed, {online['concurrency']} requests at once")
-        speed.set_ylabel("generated tokens / s")
-        speed.text(0.5, 0.93, f"speedup {online['speedup']:.2f}x; greedy text "
-                   + ("unchanged" if online["greedy_text_unchanged"] else "changed"),
-                   transform=speed.transAxes, ha="center", fontsize=10, fontweight="bold")
-        bar_axes(speed, thousands=True)
+    """Small multiples, one panel per suite and temperature: vLLM's speed-up (tokens/s with the
+    drafter over without) against K, one line per concurrency; the dashed line at 1x is where
+    speculation stops paying, and the ring marks the K to serve with."""
+    online = read_json(vllm_path)
+    Ks = online["num_speculative_tokens"]
+    colors = concurrency_colors(online["concurrency"])
+    rows, cols, size = _grid_size(online, 5.2, 3.3)
+    top = max([r["speedup"] for r in online["runs"]] + [1])
+    title = f"Speed-up against K, vLLM {online['vllm_version']} (tokens/s with the drafter / without)"
+    with svg_figure(svg_path, nrows=rows, ncols=cols, size=size, title=title, sharey=True) as (fig, axes):
+        for ax, (suite, temperature) in zip(axes, panels(online)):
+            best = _speed_panel(ax, online, suite, temperature, colors)
+            ax.axhline(1, color="#444", ls="--", lw=1, label="1x: speculation does not pay below")
+            lines = [" · ".join(best[i:i + 2]) for i in range(0, len(best), 2)]  # two concurrencies a line
+            ax.set_title("\n".join([panel_title(online, suite, temperature), *lines]), fontsize=9.5)
+            ax.set_xticks(Ks, [str(k) for k in Ks])
+            ax.set_xlim(min(Ks) - 0.5, max(Ks) + 0.5)
+            ax.set_ylim(0, top * 1.2)
+        _outer_labels(axes, cols, "K (num_speculative_tokens: tokens drafted per step)", "speed-up (x)")
+        _figure_legend(fig, axes)
 
 
-def acceptance_table(offline_path, vllm_path):
-    """DataFrame, one row per source: acceptance at each position, mean acceptance length, drafts."""
-    sources = acceptance_sources(offline_path, vllm_path)
-    offline = read_json(offline_path)
+def _rates(rates, digits=3):
+    """Figures per position, "0.929 / 0.895 / 0.854"; no-break spaces keep a table cell on one line."""
+    return "\u00a0/\u00a0".join(f"{r:.{digits}f}" for r in rates)
+
+
+def _greedy(run):
+    """How speculation changed the baseline's greedy text (temperature 0 only)."""
+    if "divergent_share" not in run:
+        return DASH
+    return "unchanged" if run["greedy_text_unchanged"] else f"{run['divergent_share']:.0%} of prompts changed"
+
+
+def runs_table(online):
+    """DataFrame, one row per vLLM run: its acceptance, the offline estimate on the same text and
+    the tolerance between them, and its speed without and with the drafter."""
     rows = []
-    for key, figures in [*sources.items(), ("offline_every_anchor", offline)]:
-        name = SOURCES[key][0] if key in SOURCES else "offline, held-out shards, a draft at every anchor"
-        row = {"source": name}
+    order = suite_names(online)
+    for r in sorted(online["runs"], key=lambda r: (order.index(r["suite"]), r["temperature"],
+                                                   r["num_speculative_tokens"], r["concurrency"])):
+        rows.append({
+            "suite": r["suite"], "temperature": f"{r['temperature']:g}", "K": str(r["num_speculative_tokens"]),
+            "concurrency": str(r["concurrency"]), "drafts": count(r["num_drafts"]),
+            "acceptance per position": _rates(r["acceptance_rate_per_position"]),
+            "mean acceptance length": f"{r['mean_acceptance_length']:.2f}",
+            "offline, same text": _rates(r["offline"]["acceptance_rate_per_position"]),
+            "tolerance per position": _rates(r["tolerance_per_position"]),
+            "largest gap": f"{r['max_disagreement']:.3f}", "agrees": "yes" if r["agrees"] else "NO",
+            "greedy text": _greedy(r),
+            "tokens/s without": f"{r['tokens_per_s_without_speculation']:,.0f}",
+            "tokens/s with": f"{r['tokens_per_s_with_speculation']:,.0f}", "speed-up": f"{r['speedup']:.2f}x",
+        })
+    return pd.DataFrame(rows)
+
+
+def recommended_table(online):
+    """DataFrame, one row per (suite, temperature, concurrency): the K with the best measured
+    speed-up, or that speculation does not pay there."""
+    return pd.DataFrame([{
+        "suite": r["suite"], "temperature": f"{r['temperature']:g}", "concurrency": str(r["concurrency"]),
+        "serve with": f"K = {r['num_speculative_tokens']}" if r["speculation_pays"]
+        else f"no drafter: does not pay (best K = {r['num_speculative_tokens']})",
+        "speed-up": f"{r['speedup']:.2f}x", "mean acceptance length": f"{r['mean_acceptance_length']:.2f}",
+        "acceptance per position": _rates(r["acceptance_rate_per_position"]),
+    } for r in online["recommended"]])
+
+
+def heldout_table(offline):
+    """DataFrame of the offline held-out shards: at vLLM's anchors ("served") and at every anchor."""
+    rows = []
+    for name, figures in [("at vLLM's anchors (served)", offline["served"]), ("a draft at every anchor", offline)]:
+        row = {"drafts from": name}
         for k, rate in enumerate(figures["acceptance_rate_per_position"], 1):
             row[f"position {k}"] = f"{rate:.3f}"
         row["mean acceptance length"] = f"{figures['mean_acceptance_length']:.2f}"
@@ -88,14 +231,28 @@ def acceptance_table(offline_path, vllm_path):
     return pd.DataFrame(rows)
 
 
+def agreement_sentence(online):
+    """The agreement check in one sentence: how many runs agree, the largest gap and the tolerances."""
+    runs, agreement = online["runs"], online["agreement"]
+    agree = sum(r["agrees"] for r in runs)
+    return (f"Offline and vLLM agree in {agree} of {len(runs)} runs (largest gap "
+            f"{max(r['max_disagreement'] for r in runs):.3f} per position; tolerance {agreement['greedy_tolerance']} "
+            f"at temperature 0, above it {agreement['z']:.2f} standard errors: "
+            f"{agreement['standard_errors']:g} family-wise over {agreement['sampled_comparisons']} positions).")
+
+
 def write_acceptance_table(offline_path, vllm_path, table_path):
-    """The acceptance figures behind the two plots, as numbers (an HTML table)."""
-    online = read_json(vllm_path)
-    note = (f"Acceptance at position k: the share of drafts whose first k tokens were all accepted. "
-            f"Offline and vLLM agree within {online['max_disagreement']:.3f} per position "
-            f"(tolerance {online['agreement_tolerance']}). vLLM speed, {online['concurrency']} requests at once: "
-            f"{online['tokens_per_s_with_speculation']:,.0f} tokens/s with the drafter, "
-            f"{online['tokens_per_s_without_speculation']:,.0f} without ({online['speedup']:.2f}x).")
-    table = acceptance_table(offline_path, vllm_path)
-    write_tables(table_path, "Acceptance, offline and in vLLM", [(None, table)], note,
-                 numeric=set(table.columns) - {"source"})
+    """Every vLLM run, the K to serve with, and the offline held-out figures, as numbers (an HTML page)."""
+    online, offline = read_json(vllm_path), read_json(offline_path)
+    suites = ", ".join(f"{name} ({online['suites'][name]:,} prompts)" for name in suite_names(online))
+    note = (f"vLLM {online['vllm_version']}, suites {suites}, at most {online['max_tokens']:,} tokens per prompt. "
+            "Acceptance at position k: the share of drafts whose first k tokens were all accepted; mean acceptance "
+            "length: 1 + their sum, tokens per target forward pass. " + agreement_sentence(online)
+            + " Speed-up: tokens/s with the drafter over tokens/s without, at the same concurrency.")
+    runs, best, heldout = runs_table(online), recommended_table(online), heldout_table(offline)
+    tables = [("Every run: suite × temperature × K × concurrency", runs),
+              ("The K to serve with: the best measured speed-up per suite, temperature and concurrency", best),
+              (f"Offline, held-out shards (K = {offline['num_speculative_tokens']})", heldout)]
+    numeric = {"K", "concurrency", "drafts", "mean acceptance length", "largest gap", "tokens/s without",
+               "tokens/s with", "speed-up", "accepted tokens", *[c for c in heldout if c.startswith("position")]}
+    write_tables(table_path, "Acceptance and speed, offline and in vLLM", tables, note, numeric=numeric)

@@ -7,12 +7,14 @@ import pandas as pd
 
 from eaglenest.plan.rates import benchmark_span
 from eaglenest.report.common import DASH, count, duration, percent, read_benchmark, read_json, size_bytes, write_tables
+from eaglenest.report.evaluate import agreement_sentence, suite_names
 from eaglenest.report.train import read_train_log, ttt_steps
+from eaglenest.workflow.config import HELDOUT_SUITE
 
 
 def benchmarks(benchmark_dir, pattern):
     """(paths, records) of the benchmark files of a stage's jobs: benchmark_dir/<pattern> (a glob
-    for a stage of several jobs)."""
+    for a stage of several jobs; it may name a folder below, "vllm_speculative/K3.tsv")."""
     paths = [p for p in sorted(Path(benchmark_dir).glob(pattern)) if read_benchmark(p)]
     return paths, [read_benchmark(p) for p in paths]
 
@@ -99,26 +101,58 @@ def _train_row(a, bench):
                 benchmarks(bench, "train_drafter.tsv"))
 
 
+def _span(values, fmt):
+    """The range of `values` in `fmt`: one figure when they are all the same."""
+    lo, hi = fmt.format(min(values)), fmt.format(max(values))
+    return lo if lo == hi else f"{lo} to {hi}"
+
+
+def _vllm_rows(online, layers, bench):
+    """The rows of eval_prompts, vllm_baseline, each K's vllm_speculative job and agreement_states."""
+    runs, suites = online["runs"], suite_names(online)
+    grid = (f"{len(suites)} suite(s) × {len(online['temperatures'])} temperature(s) × "
+            f"{len(online['concurrency'])} concurrency level(s)")
+    plain = {(r["suite"], r["temperature"], r["concurrency"]): r["tokens_per_s_without_speculation"] for r in runs}
+    prompts = ", ".join(f"{s} {count(online['suites'][s])}" for s in suites)
+    rows = [
+        _row("evaluation prompts", "eval_prompts", "the held-out split" + "".join(
+            f", eval.suites' {s}" for s in suites if s != HELDOUT_SUITE), f"prompts per suite: {prompts}"),
+        _row("vLLM baseline", "vllm_baseline", f"{count(sum(online['suites'].values()))} prompts, the target",
+             f"{len(plain)} runs without the drafter ({grid}) and their text: "
+             f"{_span(plain.values(), '{:,.0f}')} tokens/s", benchmarks(bench, "vllm_baseline.tsv")),
+    ]
+    for K in online["num_speculative_tokens"]:
+        at_k = [r for r in runs if r["num_speculative_tokens"] == K]
+        greedy = [r for r in at_k if "greedy_text_unchanged" in r]
+        rows.append(_row(
+            f"vLLM with the drafter, K = {K}", "vllm_speculative", "the prompts, the target, the drafter, the "
+            "baseline's greedy text", f"{len(at_k)} runs, {count(sum(r['generated_tokens'] for r in at_k))} tokens: "
+            f"mean acceptance length {_span([r['mean_acceptance_length'] for r in at_k], '{:.2f}')}, speed-up "
+            f"{_span([r['speedup'] for r in at_k], '{:.2f}x')}; greedy text unchanged in "
+            f"{sum(r['greedy_text_unchanged'] for r in greedy)} of {len(greedy)} greedy runs",
+            benchmarks(bench, f"vllm_speculative/K{K}.tsv")))
+    texts = ", ".join(f"{t['suite']} at temperature {t['temperature']:g} ({count(t['samples'])})"
+                      for t in layers["texts"])
+    rows.append(_row("agreement states", "agreement_states", f"the baseline's text: {texts}", f"the target's states "
+                     f"of {count(layers['num_samples'])} samples, {count(layers['num_tokens'])} tokens "
+                     f"({layers['backend']} backend)", benchmarks(bench, "agreement_states.tsv")))
+    return rows
+
+
 def _evaluate_rows(a, bench):
-    offline, online, layers = a["offline"], a["vllm"], a["agreement"]
-    rates = " / ".join(f"{r:.2f}" for r in online["acceptance_rate_per_position"])
+    offline, online = a["offline"], a["vllm"]
     served = " / ".join(f"{r:.2f}" for r in offline["served"]["acceptance_rate_per_position"])
+    paying = [r for r in online["recommended"] if r["speculation_pays"]]
     return [
         _row("offline evaluation", "evaluate_offline", f"{count(offline['heldout_samples'])} held-out samples "
-             f"({count(offline['heldout_tokens'])} tokens)", f"acceptance {served} at vLLM's anchors, mean "
-             f"acceptance length {offline['served']['mean_acceptance_length']:.2f}",
-             benchmarks(bench, "evaluate_offline.tsv")),
-        _row("vLLM runs", "vllm_runs", f"{count(online['prompts'])} held-out prompts, the drafter",
-             f"{count(online['generated_tokens'])} tokens each way: {online['tokens_per_s_with_speculation']:,.0f} "
-             f"tokens/s with the drafter, {online['tokens_per_s_without_speculation']:,.0f} without "
-             f"({online['speedup']:.2f}x); acceptance {rates}", benchmarks(bench, "vllm_runs.tsv")),
-        _row("agreement states", "agreement_states", "vLLM's greedy text", f"the target's states of "
-             f"{count(layers['num_samples'])} samples, {count(layers['num_tokens'])} tokens "
-             f"({layers['backend']} backend)", benchmarks(bench, "agreement_states.tsv")),
+             f"({count(offline['heldout_tokens'])} tokens)", f"acceptance {served} at vLLM's anchors (K = "
+             f"{offline['num_speculative_tokens']}), mean acceptance length "
+             f"{offline['served']['mean_acceptance_length']:.2f}", benchmarks(bench, "evaluate_offline.tsv")),
+        *_vllm_rows(online, a["agreement"], bench),
         _row("vLLM evaluation", "evaluate_vllm", "vLLM's counters, the agreement states",
-             f"offline and vLLM agree within {online['max_disagreement']:.3f} per position (tolerance "
-             f"{online['agreement_tolerance']}); greedy text " + ("unchanged" if online["greedy_text_unchanged"]
-                                                                  else "changed"), benchmarks(bench, "evaluate_vllm.tsv")),
+             agreement_sentence(online) + f" Speculation pays in {len(paying)} of {len(online['recommended'])} "
+             "(suite, temperature, concurrency) settings at their best K.",
+             benchmarks(bench, "evaluate_vllm.tsv")),
     ]
 
 
