@@ -145,9 +145,11 @@ def diagnose(states, indices, run, drafter, aux_layer_ids, num_layers, *, max_to
                  by_k[K]["acceptance_rate_per_position"], verdict["max_disagreement"])
         if verdict["agrees"]:
             found.append(description)
-    if found:
+    if not found:
+        return "no known misreading reproduces it (check the target, dtype and vLLM version)"
+    if temperature == 0:
         return "it matches the offline estimate when " + "; or when ".join(found)
-    return "no known misreading reproduces it (check the target, dtype and vLLM version)"
+    return "within the standard errors it is consistent with " + "; or with ".join(found)
 
 
 def speculative_run(spec, run, plain, offline, tolerance_per_position):
