@@ -16,8 +16,7 @@ from eaglenest.drafter.export import write_drafter
 from eaglenest.drafter.load import load_drafter
 from eaglenest.drafter.model import Drafter, DrafterConfig, cached_attend, ttt_attention
 from eaglenest.evaluate.acceptance import acceptance, accepted_lengths, chain_drafts, served_anchors
-from eaglenest.evaluate.agreement import (load_drafter_copy, misreadings, offline_acceptances, trained_drafter,
-                                          verify_agreement)
+from eaglenest.evaluate.agreement import load_drafter_copy, misreadings, offline_estimates, trained_drafter
 from eaglenest.evaluate.agreement_states import AgreementStates, extract_agreement_states
 from eaglenest.states.hf import extract_shard
 from eaglenest.states.manifest import write_manifest
@@ -264,21 +263,23 @@ def test_chunked_drafting_drafts_and_accepts_what_the_ttt_forward_does(data, chu
 
 
 def test_the_agreement_checks_offline_side_runs_on_bf16_states(data, trained, tmp_path):
-    """verify_agreement on bf16 agreement states of the bf16 target, with vLLM's counters stood in
-    by the whole-sample TTT forward's acceptance on the same states: no gap. Every misread copy
-    drafts too, sharing the embedding, its vocab maps its own."""
+    """offline_estimates on bf16 agreement states of the bf16 target equals the whole-sample TTT
+    forward's acceptance on the same states at temperature 0, and gives probabilities above it
+    (the bf16 head). Every misread copy drafts too, sharing the embedding, its vocab maps its own."""
     root, target = data["root"], data["targets"][torch.bfloat16]
     rows = torch.randint(0, V, (3, 30), generator=torch.Generator().manual_seed(3)).tolist()
     outputs = tmp_path / "outputs.jsonl"
-    outputs.write_text("".join(json.dumps({"id": f"o{i}", "prompt_token_ids": row[:6], "token_ids": row[6:]}) + "\n"
-                               for i, row in enumerate(rows)))
+    outputs.write_text("".join(json.dumps({"suite": "heldout", "temperature": t, "concurrency": 1, "id": f"o{i}",
+                                           "prompt_token_ids": row[:6], "token_ids": row[6:], "finish_reason": "length"})
+                               + "\n" for t in (0.0, 1.0) for i, row in enumerate(rows)))
     extract_agreement_states(outputs, root / "manifest.json", target, tmp_path / "states", backend="hf",
                              dtype="bfloat16", device="cpu", batch_tokens=4096, vllm=None, trust_remote_code=False)
     states = AgreementStates(tmp_path / "states")
+    (_, _, greedy), (_, _, sampled) = states.texts()
     config = DrafterConfig(**json.loads((root / "drafter_config.json").read_text()))
     drafter = trained_drafter(trained, config, data["d2t"], data["t2d"], read_target_embedding(target))
     drafted = []
-    for i in range(len(states)):
+    for i in greedy:
         sample = states[i]
         assert sample["aux_hidden_states"].dtype == torch.bfloat16
         batch = {"input_ids": sample["input_ids"][None], "loss_mask": sample["loss_mask"][None],
@@ -286,12 +287,17 @@ def test_the_agreement_checks_offline_side_runs_on_bf16_states(data, trained, tm
         anchors, lengths = accepted_lengths(drafter, batch, K)
         drafted += served_anchors(anchors[0].tolist(), lengths[0].tolist())
     reference = acceptance(drafted, K)
-    _, offline, gap = verify_agreement(
-        tmp_path / "states", target, trained, root / "drafter_config.json", root / "manifest.json", root / "d2t.pt",
-        root / "t2d.pt", reference, num_speculative_tokens=K, agreement_tolerance=0.0, device="cpu")
-    assert offline == reference and gap == 0
+    (offline,) = offline_estimates(states, greedy, [(drafter, AUX)], [K], temperature=0.0, max_tokens=64, head=None,
+                                   device="cpu")
+    assert {key: offline[K][key] for key in reference} == reference
+    (expected,) = offline_estimates(states, sampled, [(drafter, AUX)], [K], temperature=1.0, max_tokens=64,
+                                    head=TargetHead(target), device="cpu")
+    rates = expected[K]["acceptance_rate_per_position"]
+    assert all(0 <= r <= 1 for r in rates) and rates == sorted(rates, reverse=True)
+    assert all(0 <= se < float("inf") for se in expected[K]["standard_error_per_position"])  # 3 prompts: finite
     variants = misreadings(drafter, AUX, 4)
     assert {v.embed_tokens.weight.data_ptr() for _, v, _ in variants} == {drafter.embed_tokens.weight.data_ptr()}
-    rates = offline_acceptances(states, [(variant, ids) for _, variant, ids in variants], K, "cpu")
-    assert len(rates) == len(variants) >= 3 and all(len(r["acceptance_rate_per_position"]) == K for r in rates)
+    estimates = offline_estimates(states, greedy, [(variant, ids) for _, variant, ids in variants], [K],
+                                  temperature=0.0, max_tokens=64, head=None, device="cpu")
+    assert len(estimates) == len(variants) >= 3 and all(len(e[K]["acceptance_rate_per_position"]) == K for e in estimates)
     assert torch.equal(drafter.d2t, data["d2t"])
