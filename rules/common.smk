@@ -83,3 +83,10 @@ def split_part(checkpoint, wildcard):
         return {"part": ancient(str(part)), "digest": str(digest)}
 
     return inputs
+
+
+def suite_source(wildcards):
+    """eval_prompts' input: the tokenized data for the held-out suite, else the suite's file and the target's tokenizer."""
+    if wildcards.suite == HELDOUT:
+        return {"tokenized": TOKENIZED}
+    return {"prompts": SUITE_FILES[wildcards.suite], "target": TARGET}

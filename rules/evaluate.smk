@@ -49,13 +49,6 @@ rule evaluate_offline:
         "../scripts/evaluate_offline.py"
 
 
-def suite_source(wildcards):
-    """eval_prompts' input: the tokenized data for the held-out suite, else the suite's file and the target's tokenizer."""
-    if wildcards.suite == HELDOUT:
-        return {"tokenized": TOKENIZED}
-    return {"prompts": SUITE_FILES[wildcards.suite], "target": TARGET}
-
-
 rule eval_prompts:
     input:
         unpack(suite_source),

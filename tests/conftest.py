@@ -43,7 +43,7 @@ FAST = {  # the demo, shrunk so that a whole run takes a few minutes on 2 cores
     "generate": {"max_tokens": 64},
     "hidden_states": {"num_shards": 3},
     "train": {"epochs": 2},
-    "eval": {"max_tokens": 64, "max_prompts": 24, "concurrency": [2, 4]},
+    "eval": {"max_tokens": 64, "max_prompts": 16, "concurrency": [2, 4]},
 }
 FAST_PROMPTS = 400  # of the demo's 2,000
 

@@ -79,9 +79,13 @@ def test_story3_draft_vocab_size_reruns_vocab_training_and_evaluation_only(workd
     assert set(planned(workdir)) == {"vocab_map", "plan", "train_drafter", "export_eagle", "check_drafter",
                                      "evaluate_offline", "vllm_speculative", "evaluate_vllm", "summary",
                                      "report_figures", "all"}
-    snakemake(workdir)
+    snakemake(workdir, "results/eval/offline_metrics.json")  # vocab, training, offline evaluation (vLLM: test_vllm)
     coverage = json.loads((workdir / "results/vocab/coverage.json").read_text())
     assert coverage["draft_vocab_size"] == 96
+    offline = json.loads((workdir / "results/eval/offline_metrics.json").read_text())
+    assert offline["served"]["num_drafts"] > 0
+    assert set(planned(workdir)) == {"plan", "export_eagle", "check_drafter", "vllm_speculative", "evaluate_vllm",
+                                     "summary", "report_figures", "all"}  # what is left
 
 
 def test_story4_force_one_rule_or_regenerate_one_artifact(workdir):
