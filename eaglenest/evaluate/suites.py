@@ -11,6 +11,7 @@ one JSONL of {"id", "prompt_token_ids", "where"} (where: the file and line it ca
 import json
 import logging
 
+from eaglenest.data import generate
 from eaglenest.data.prompts import read_prompts
 from eaglenest.data.samples import is_heldout, read_tokenized
 from eaglenest.data.tokenizer import Tokenizer
@@ -68,9 +69,8 @@ def read_suites(paths, names):
 
 
 def check_prompt_lengths(suites, max_model_len):
-    """Refuse a prompt of vllm.max_model_len tokens or more (vLLM would), naming where it came from."""
-    for name, entries in suites.items():
-        for entry in entries:
-            if len(entry["prompt_token_ids"]) >= max_model_len:
-                raise InputError(f"{entry['where']}: field 'messages': suite {name}'s prompt {entry['id']!r} has "
-                                 f"{len(entry['prompt_token_ids'])} tokens, vllm.max_model_len is {max_model_len}")
+    """Refuse a prompt of vllm.max_model_len tokens or more (vLLM would), naming where it came
+    from: generation's check (eaglenest.data.generate.check_prompt_lengths) on each suite."""
+    for entries in suites.values():
+        generate.check_prompt_lengths([(e["id"], None, e["where"]) for e in entries],
+                                      [e["prompt_token_ids"] for e in entries], max_model_len)
