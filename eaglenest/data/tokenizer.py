@@ -64,15 +64,26 @@ def plain_text_route(hf):
 
 
 class Tokenizer:
-    """The target's HF tokenizer, its plain-text route, and the ids of the tokens the stream is built from."""
+    """The target's HF tokenizer, its plain-text route, and the ids of the tokens the stream is built from.
+
+    think_start and think_end are both None for a target without a reasoning block (Llama,
+    Qwen2.5, SmolLM2...; the config allows both or neither, workflow.config.check_think_tokens): no
+    prompt then opens a think block, and no record may carry reasoning."""
 
     def __init__(self, target_dir, *, trust_remote_code, think_start, think_end, end_of_turn, chat_template_kwargs):
         self.hf = load_tokenizer(target_dir, trust_remote_code=trust_remote_code)
         self.template_kwargs = dict(chat_template_kwargs)
-        stream = {token: special_token_id(self.hf, token) for token in (think_start, think_end, end_of_turn)}
-        self.think_start, self.think_end, self.end_of_turn = stream.values()
+        stream = {token: special_token_id(self.hf, token) for token in (think_start, think_end, end_of_turn)
+                  if token is not None}
+        self.end_of_turn = stream[end_of_turn]
+        self.think_start, self.think_end = (stream[think_start], stream[think_end]) if think_start else (None, None)
         self.route, self._plain = plain_text_route(self.hf)
         self._check_routes(stream)
+
+    @property
+    def reasons(self):
+        """Whether the target has a reasoning block at all (think tokens configured)."""
+        return self.think_start is not None
 
     def _check_routes(self, stream):
         """Refuse, rather than guess, a tokenizer whose plain-text route turns the text of any special
@@ -104,8 +115,20 @@ class Tokenizer:
         return self.hf.encode(text, add_special_tokens=False, split_special_tokens=False)
 
     def thinking(self, prompt_ids):
-        """Whether a rendered prompt leaves a think block open (it ends with <think>)."""
-        return prompt_ids[-1] == self.think_start
+        """Whether a rendered prompt leaves a think block open (it ends with <think>); never for a
+        target without a reasoning block."""
+        return self.reasons and prompt_ids[-1] == self.think_start
+
+    def check_no_reasoning(self, record):
+        """Refuse a record that carries reasoning for a target without a reasoning block: its text
+        has no tokens to go between, so training on it would teach a stream the target never emits."""
+        if self.reasons:
+            return
+        field = ("reasoning_content" if record.reasoning_content
+                 else "reasoning_closed" if record.reasoning_closed is not None else None)
+        if field:
+            raise InputError(f"{record.where}: field '{field}': the record carries reasoning, but the target has no "
+                             "reasoning block (tokenize.think_start and think_end are null)")
 
     def prompt(self, messages):
         """Render the prompt with the generation prompt; message contents are encoded as plain text."""

@@ -18,7 +18,8 @@ import logging
 
 from eaglenest.data.generate import request_seed
 from eaglenest.data.tokenizer import load_tokenizer, special_token_id
-from eaglenest.engine import EngineHolder, engine_args, generate_at, start_engine, vllm_cpu, worker_environment
+from eaglenest.engine import (EngineHolder, engine_args, generate_at, seeded_sampling_args, start_engine, vllm_cpu,
+                              worker_environment)
 from eaglenest.evaluate.suites import check_prompt_lengths, read_suites
 from eaglenest.workflow.atomic import atomic_path, write_json
 from eaglenest.workflow.errors import InputError
@@ -70,6 +71,7 @@ class EvalEngine(EngineHolder):
         tokenizer = load_tokenizer(target_dir, trust_remote_code=trust_remote_code)
         self.stop_token_ids, self.seed = [special_token_id(tokenizer, end_of_turn)], seed
         mend = {"worker_extension_cls": CPU_SAMPLING} if vllm_cpu() and speculative_config else {}
+        mend |= seeded_sampling_args(vllm, sampling=True)  # eval.temperatures may hold one above 0
         with worker_environment():
             self.llm = start_engine(target_dir, engine_args(vllm, trust_remote_code=trust_remote_code,
                                                             max_num_seqs=max(concurrency),

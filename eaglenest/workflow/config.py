@@ -25,3 +25,11 @@ def check_suites(config):
                          "evaluated: name the suite otherwise")
     if len(set(names)) < len(names):
         raise ValueError(f"config: eval.suites: names must be distinct, got {names}")
+
+
+def check_think_tokens(config):
+    """Raise ValueError unless tokenize.think_start and think_end are both set (a reasoning target) or both null."""
+    start, end = config["tokenize"]["think_start"], config["tokenize"]["think_end"]
+    if (start is None) != (end is None):
+        raise ValueError(f"config: tokenize.think_start/think_end: both set (a reasoning target) or both null "
+                         f"(a target without a reasoning block), got {start!r} and {end!r}")
