@@ -96,7 +96,7 @@ rule report_figures:
         max_seq_len=config["tokenize"]["max_seq_len"],
         overlong=config["tokenize"]["overlong"],
         generated_here=not config["data"]["raw_responses"],
-        demo_target=config["target"]["demo"],
+        target_source="demo" if config["target"]["demo"] else "gguf" if config["target"]["gguf"] else "path",
         code=code("report_figures"),
     log:
         f"{RESULTS}/logs/report_figures.log",

@@ -12,5 +12,5 @@ run_stage(
     max_seq_len=snakemake.params.max_seq_len,
     overlong=snakemake.params.overlong,
     generated_here=snakemake.params.generated_here,
-    demo_target=snakemake.params.demo_target,
+    target_source=snakemake.params.target_source,
 )

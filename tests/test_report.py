@@ -338,7 +338,7 @@ def test_the_built_runs_figures_carry_its_numbers(built):
         "plan": "plan.json", "tokenize": "data/tokenize_report.json", "coverage": "vocab/coverage.json",
         "manifest": "hidden_states/manifest.json", "train_log": "train/train_log.tsv", "check": "eval/drafter_check.json",
         "offline": "eval/offline_metrics.json", "vllm": "eval/vllm_metrics.json", "agreement": "eval/agreement_states",
-    }.items()}, results / "benchmarks", generated_here=True, demo_target=True).set_index("stage")
+    }.items()}, results / "benchmarks", generated_here=True, target_source="demo").set_index("stage")
     assert frame.loc["hidden states", "jobs benchmarked"] == "3" and frame.loc["generate", "jobs benchmarked"] == "4"
     assert frame.loc["tokenize", "wall time"] == "—" and frame.loc["train", "wall time"] != "—"
     for stage in ("vLLM baseline", *with_drafter, "agreement states", "vLLM evaluation"):

@@ -15,12 +15,12 @@ log = logging.getLogger(__name__)
 
 
 def write_report_figures(inputs, outputs, benchmark_dir, *, draft_vocab_size, max_seq_len, overlong,
-                         generated_here, demo_target):
+                         generated_here, target_source):
     """inputs and outputs: mappings by name (the rule's named input and output). inputs: {plan, tokenized, tokenize, token_freq, coverage, manifest, train_log, check, offline,
     vllm, agreement} artifact paths; outputs: {plan, sample_lengths, coverage_plot, coverage_table,
     shards, training, acceptance, speed, acceptance_table, stages} file paths; benchmark_dir: the
     Snakemake benchmark files (results/benchmarks). Settings as in the config (tokenize.*,
-    vocab.draft_vocab_size); generated_here / demo_target: see stages.stages_table."""
+    vocab.draft_vocab_size); generated_here / target_source: see stages.stages_table."""
     write_plan_table(inputs["plan"], outputs["plan"])
     plot_sample_lengths(inputs["tokenized"], inputs["tokenize"], outputs["sample_lengths"],
                         max_seq_len=max_seq_len, overlong=overlong)
@@ -32,5 +32,5 @@ def write_report_figures(inputs, outputs, benchmark_dir, *, draft_vocab_size, ma
     plot_speed(inputs["offline"], inputs["vllm"], outputs["speed"])
     write_acceptance_table(inputs["offline"], inputs["vllm"], outputs["acceptance_table"])
     write_stages_table(inputs, benchmark_dir, outputs["stages"], generated_here=generated_here,
-                       demo_target=demo_target)
+                       target_source=target_source)
     log.info("report figures and tables written beside %s", Path(outputs["plan"]).parent)

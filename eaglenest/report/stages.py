@@ -38,13 +38,17 @@ def _row(stage, rules, consumed, produced, bench=((), ())):
             "jobs benchmarked": jobs, "wall time": wall, "peak RSS": rss}
 
 
-def _target_row(a, demo_target):
+TARGET_SOURCES = {"demo": ("build_demo_target", "the demo corpus", "the demo target"),
+                  "gguf": ("build_gguf_target", "target.gguf (a package's GGUF)", "the target"),
+                  "path": (DASH, "target.path (built elsewhere)", "the target")}
+
+
+def _target_row(a, target_source):
     manifest = a["manifest"]
     geometry = (f"{manifest['num_layers']} layers, hidden size {manifest['hidden_size']:,}, "
                 f"{manifest['target_vocab_size']:,} ids")
-    if demo_target:
-        return _row("target", "build_demo_target", "the demo corpus", f"the demo target: {geometry}")
-    return _row("target", DASH, "target.path (built elsewhere)", f"the target: {geometry}")
+    rule, consumed, what = TARGET_SOURCES[target_source]
+    return _row("target", rule, consumed, f"{what}: {geometry}")
 
 
 def _data_rows(a, bench, generated_here):
@@ -156,26 +160,26 @@ def _evaluate_rows(a, bench):
     ]
 
 
-def stages_table(paths, benchmark_dir, *, generated_here, demo_target):
+def stages_table(paths, benchmark_dir, *, generated_here, target_source):
     """DataFrame, one row per stage of this run, from the artifacts in `paths` (keys: plan, tokenize,
     coverage, manifest, train_log, check, offline, vllm, agreement: the agreement states' folder).
     generated_here: the target answered the prompts in this workflow (no data.raw_responses);
-    demo_target: the target is the demo's, built here."""
+    target_source: where the target came from, "demo" or "gguf" (built here) or "path"."""
     a = {key: read_json(paths[key]) for key in ("plan", "tokenize", "coverage", "manifest", "check", "offline", "vllm")}
     a["train_log"] = read_train_log(paths["train_log"])
     a["agreement"] = read_json(Path(paths["agreement"]) / "layers.json")
-    rows = [_target_row(a, demo_target), *_data_rows(a, benchmark_dir, generated_here), _plan_row(a),
+    rows = [_target_row(a, target_source), *_data_rows(a, benchmark_dir, generated_here), _plan_row(a),
             _states_row(a, benchmark_dir, paths["manifest"]),
             _train_row(a, benchmark_dir), *_evaluate_rows(a, benchmark_dir)]
     return pd.DataFrame(rows)
 
 
-def write_stages_table(paths, benchmark_dir, table_path, *, generated_here, demo_target):
+def write_stages_table(paths, benchmark_dir, table_path, *, generated_here, target_source):
     """What each stage did in this run, as an HTML table (see stages_table)."""
     note = ("One row per stage of this run: what it read, what it wrote, and, for the stages Snakemake "
             "benchmarks (the GPU stages), the wall time and peak memory of their jobs. The other stages "
             "take seconds; their run times are under Statistics.")
     write_tables(table_path, "What each stage did in this run",
                  [(None, stages_table(paths, benchmark_dir, generated_here=generated_here,
-                                          demo_target=demo_target))], note,
+                                          target_source=target_source))], note,
                  numeric={"jobs benchmarked", "wall time", "peak RSS"})
