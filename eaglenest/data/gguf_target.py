@@ -11,7 +11,6 @@ The output is byte-reproducible: the same GGUF gives the same files, wherever th
 Only workflow plumbing is imported from this package, so no later stage's edit rebuilds it.
 """
 
-import hashlib
 import importlib.metadata
 import json
 import logging
@@ -20,6 +19,7 @@ from pathlib import Path
 
 from eaglenest.workflow.atomic import atomic_dir
 from eaglenest.workflow.errors import InputError
+from eaglenest.workflow.parts import sha256_file
 
 log = logging.getLogger(__name__)
 
@@ -28,14 +28,6 @@ log = logging.getLogger(__name__)
 # save_pretrained writes architectures, dtype and transformers_version (pinned) of its own.
 LOAD_KEYS = ("quantization_config", "_name_or_path", "_model_name_or_path", "architectures", "dtype",
              "transformers_version")
-
-
-def file_sha256(path):
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def _version(package):
@@ -70,7 +62,7 @@ def build_gguf_target(gguf_path, out_dir, *, package, sha256):
 
     start = time.time()
     gguf_path = Path(gguf_path)
-    found = file_sha256(gguf_path)
+    found = sha256_file(gguf_path)
     if found != sha256:
         raise InputError(f"{gguf_path}: its sha256 is {found}, target.gguf.sha256 says {sha256}")
     source = {"package": package, "version": _version(package), "file": gguf_path.name, "sha256": found}
