@@ -51,7 +51,7 @@ def main():
         split_lines(prompts_path, tmp / "parts", NUM_PARTS)
         prompts = read_prompts(prompts_path)
         sampling = {"max_tokens": MAX_TOKENS, "temperature": 0.0, "seed": 0}
-        with ResponseGenerator(target, vllm=VLLM, trust_remote_code=False, **TOKENS) as generator:
+        with ResponseGenerator(target, vllm=VLLM, trust_remote_code=False, sampling=False, **TOKENS) as generator:
             ids = [generator.tokenizer.prompt(messages) for _, messages, _ in prompts]
             start = time.perf_counter()
             plain = generate_with(generator.llm, ids, stop_token_ids=[generator.tokenizer.end_of_turn],

@@ -115,7 +115,7 @@ class ResponseGenerator(EngineHolder):
     serves_concurrently = True
 
     def __init__(self, target_dir, *, vllm, trust_remote_code, chat_template_kwargs, think_start, think_end,
-                 end_of_turn, sampling=True):
+                 end_of_turn, sampling):
         prefill = seeded_sampling_args(vllm, sampling=sampling)  # refuses a budget that would chunk, before vLLM starts
         self.tokenizer = Tokenizer(target_dir, trust_remote_code=trust_remote_code, think_start=think_start,
                                    think_end=think_end, end_of_turn=end_of_turn,

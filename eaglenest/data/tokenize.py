@@ -11,9 +11,10 @@ with <|im_end|> only when finish_reason is "stop". The block is closed when the 
 (reasoning_closed) or, when it does not, when there is content: a </think> the model may not have
 emitted is never added. Non-thinking prompts (not ending with <think>) take CONTENT [<|im_end|>]
 and no reasoning; so does every prompt of a target without a reasoning block (think_start and
-think_end null), whose records must carry no reasoning fields at all. Record token ids, when present, are used verbatim. Text from users and from the
-model is encoded with special-token parsing OFF, so a literal "<think>" typed by a user stays
-plain text, whatever the tokenizer's encode defaults to (Tokenizer.text).
+think_end null), whose records must carry no reasoning fields at all. Record token ids, when
+present, are used verbatim. Text from users and from the model is encoded with special-token
+parsing OFF, so a literal "<think>" typed by a user stays plain text, whatever the tokenizer's
+encode defaults to (Tokenizer.text).
 """
 
 import json
