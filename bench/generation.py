@@ -50,7 +50,7 @@ def main():
         prompts_path.write_text("".join(lines))
         split_lines(prompts_path, tmp / "parts", NUM_PARTS)
         prompts = read_prompts(prompts_path)
-        sampling = {"max_tokens": MAX_TOKENS, "temperature": 0.0, "seed": 0}
+        sampling = {"max_tokens": MAX_TOKENS, "temperatures": [0.0], "samples_per_prompt": 1, "seed": 0}
         with ResponseGenerator(target, vllm=VLLM, trust_remote_code=False, sampling=False, **TOKENS) as generator:
             ids = [generator.tokenizer.prompt(messages) for _, messages, _ in prompts]
             start = time.perf_counter()

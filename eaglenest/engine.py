@@ -105,8 +105,7 @@ def worker_environment():
 
     Forked processes share our sys.path and multiprocessing's spawn hands it over, but vLLM may
     also start processes that only see the environment; PYTHONPATH reaches them all, and names
-    the eaglenest that this process imported (never an installed copy of another checkout).
-    """
+    the eaglenest that this process imported (never an installed copy of another checkout)."""
     saved = {name: os.environ.get(name) for name in ("PYTHONPATH", "VLLM_ALLOW_LONG_MAX_MODEL_LEN")}
     os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(CHECKOUT), saved["PYTHONPATH"]]))
     # The engine's max_model_len is one more than the longest prompt (vLLM counts the one sampled
@@ -148,12 +147,11 @@ def generate_with(llm, prompts, *, stop_token_ids, max_tokens, temperature=0.0, 
     generated_tokens, tokens_per_s and vllm_version.
 
     stop_token_ids: where a completion ends (the end-of-turn id), given explicitly so that it does
-    not depend on the target's generation_config.json.
+    not depend on the target's generation_config.json. temperature: one, or a list of one per prompt.
     seeds: one per prompt, each request's own sampling seed (vLLM's per-request seed), so that a
     sampled completion does not depend on what else the engine ran; None: the engine's seed.
     progress: a label; then a log line every PROGRESS_EVERY_S seconds (ProgressLog) replaces
-    vLLM's progress bar.
-    """
+    vLLM's progress bar."""
     sampling = sampling_params(len(prompts), stop_token_ids=stop_token_ids, max_tokens=max_tokens,
                                temperature=temperature, seeds=seeds)
     use_tqdm = True if progress is None else progress_bars(progress, llm)
@@ -164,13 +162,15 @@ def generate_with(llm, prompts, *, stop_token_ids, max_tokens, temperature=0.0, 
 
 def sampling_params(count, *, stop_token_ids, max_tokens, temperature, seeds):
     """vLLM's SamplingParams of `count` requests (generate_with's arguments): ids only, no text,
-    the final output only; each request with its seed from `seeds`, or the engine's if None."""
+    the final output only; each request with its seed from `seeds` (None: the engine's) and its
+    temperature, `temperature` or its own from a list (one batch may mix greedy and sampled ones)."""
     from vllm import SamplingParams
     from vllm.sampling_params import RequestOutputKind
 
-    return [SamplingParams(temperature=temperature, max_tokens=max_tokens, stop_token_ids=list(stop_token_ids),
-                           detokenize=False, seed=None if seeds is None else seeds[i],
-                           output_kind=RequestOutputKind.FINAL_ONLY) for i in range(count)]
+    return [SamplingParams(temperature=temperature[i] if isinstance(temperature, list) else temperature,
+                           max_tokens=max_tokens, stop_token_ids=list(stop_token_ids), detokenize=False,
+                           seed=None if seeds is None else seeds[i], output_kind=RequestOutputKind.FINAL_ONLY)
+            for i in range(count)]
 
 
 def spec_counters(llm):

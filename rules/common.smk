@@ -9,6 +9,7 @@ from snakemake.exceptions import WorkflowError
 sys.path.insert(0, workflow.basedir)
 
 from eaglenest.workflow.config import HELDOUT_SUITE, check_suites, check_think_tokens, validate_config
+from eaglenest.workflow.config import generation_temperatures
 from eaglenest.workflow.fingerprint import code_fingerprint
 from eaglenest.workflow.settings import artifact_settings
 from eaglenest.workflow.parts import part_paths

@@ -4,6 +4,10 @@
 # shard_samples does for hidden states: eaglenest/workflow/parts.py says how), one generate_part
 # job answers each, and generate_responses merges them in the order of the prompts file. A kill
 # loses only the parts being answered; appending prompts regenerates only the parts that gain them.
+# Each prompt is answered at generate.temperatures, its answers in its part. Null means
+# eval.temperatures, resolved here into the params: a change of eval.temperatures then regenerates.
+
+GENERATE_TEMPERATURES = generation_temperatures(config)
 
 PROMPT_PARTS = f"{RESULTS}/responses/prompts"  # part_NNNNN.jsonl: a part's prompts, .sha256: their digest
 RESPONSE_PART = f"{RESULTS}/responses/parts/part_{{part}}.jsonl"
@@ -38,7 +42,8 @@ if not config["data"]["raw_responses"]:
         params:
             trust_remote_code=config["target"]["trust_remote_code"],
             # what a record is made with; not num_parts: a record never depends on its part
-            generate={key: value for key, value in config["generate"].items() if key != "num_parts"},
+            generate=({key: value for key, value in config["generate"].items() if key != "num_parts"}
+                      | {"temperatures": GENERATE_TEMPERATURES}),
             vllm=artifact_settings(config, "vllm"),  # speed and placement: read from the config
             chat_template_kwargs=config["tokenize"]["chat_template_kwargs"],
             think_start=config["tokenize"]["think_start"],
@@ -67,6 +72,8 @@ if not config["data"]["raw_responses"]:
         output:
             raw=RAW_RESPONSES,
         params:
+            temperatures=GENERATE_TEMPERATURES,  # with samples_per_prompt: the answer ids each prompt has
+            samples_per_prompt=config["generate"]["samples_per_prompt"],
             code=code("generate_responses"),
         log:
             f"{RESULTS}/logs/generate_responses.log",

@@ -8,4 +8,6 @@ run_stage(
     snakemake.input.prompts,
     snakemake.input.parts,
     snakemake.output.raw,
+    temperatures=snakemake.params.temperatures,
+    samples_per_prompt=snakemake.params.samples_per_prompt,
 )

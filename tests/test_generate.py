@@ -7,6 +7,7 @@ import pytest
 from eaglenest.data.prompts import read_prompts
 from eaglenest.data.generate import response_record, split_completion
 from eaglenest.data.records import parse_record
+from eaglenest.data.samples import prompt_id_of
 from eaglenest.data.tokenize import tokenize_record
 from eaglenest.workflow.errors import InputError
 from eaglenest.data.tokenizer import Tokenizer
@@ -51,8 +52,9 @@ def test_records_keep_what_the_model_emitted(tokenizer, reasoning, content, clos
     completion = tokenizer.text(reasoning)
     completion += [] if content is None else [tokenizer.think_end] + tokenizer.text(content)
     completion += [tokenizer.end_of_turn] if finish == "stop" else []
-    record = response_record("x", messages, prompt, completion, finish, tokenizer)
+    record = response_record("x", messages, prompt, completion, finish, tokenizer, temperature=0)
     assert (record["reasoning_content"], record["content"]) == (reasoning, content or "")
+    assert record["temperature"] == 0.0 and isinstance(record["temperature"], float)
     assert record["reasoning_closed"] is closed
     without_ids = {k: v for k, v in record.items() if not k.endswith("_token_ids")}
     assert tokenize_record(parse_record(without_ids, "raw.jsonl:1"), tokenizer)[0] == prompt + completion
@@ -76,7 +78,7 @@ def test_records_without_a_think_block_carry_no_reasoning_and_tokenize(plain_tok
     prompt = plain_tokenizer.prompt(messages)
     assert not plain_tokenizer.thinking(prompt)
     completion = plain_tokenizer.text("The answer is 42.") + ([plain_tokenizer.end_of_turn] if finish == "stop" else [])
-    record = response_record("x", messages, prompt, completion, finish, plain_tokenizer)
+    record = response_record("x", messages, prompt, completion, finish, plain_tokenizer, temperature=1.0)
     assert "reasoning_content" not in record and "reasoning_closed" not in record
     assert record["content"] == "The answer is 42."
     without_ids = {k: v for k, v in record.items() if not k.endswith("_token_ids")}
@@ -100,15 +102,17 @@ def test_bad_prompts_name_file_line_and_field(tmp_path, line, message):
 
 
 def test_the_built_run_learns_from_exactly_what_the_target_emitted(built):
+    """The demo's generate.temperatures is null: each prompt answered at eval.temperatures, 0 and 1.0."""
     results = built / "results"
     records = [json.loads(line) for line in (results / "responses/raw_responses.jsonl").read_text().splitlines()]
     samples = {s["id"]: s for s in map(json.loads, (results / "data/tokenized_data.jsonl").read_text().splitlines())}
     tokenizer = Tokenizer(results / "target", trust_remote_code=False, think_start="<think>", think_end="</think>", end_of_turn="<|im_end|>",
                           chat_template_kwargs={"thinking": True})
     prompts = {p[0]: p[1] for p in read_prompts(built / "resources/demo/prompts.jsonl")}
-    assert [r["id"] for r in records] == list(prompts)
+    assert [(r["id"], r["temperature"]) for r in records] == [(f"{p}#{j}", t) for p in prompts
+                                                               for j, t in enumerate([0.0, 1.0])]
     for record in records:
-        assert record["messages"] == prompts[record["id"]]
+        assert record["messages"] == prompts[prompt_id_of(record["id"])]
         assert record["prompt_token_ids"] == tokenizer.prompt(record["messages"])
         completion = record["completion_token_ids"]
         assert (completion[-1] == tokenizer.end_of_turn) == (record["finish_reason"] == "stop")

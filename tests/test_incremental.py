@@ -148,6 +148,18 @@ def test_engine_settings_that_define_artifacts_still_rebuild(workdir):
             "evaluate_vllm"} <= set(planned(workdir))
 
 
+def test_served_temperatures_regenerate_the_responses_only_when_generation_follows_them(workdir):
+    """generate.temperatures null follows eval.temperatures (README "Temperatures and answers per
+    prompt"): the list it resolved to, written out, plans nothing; then other served temperatures
+    leave the responses as they are, and null again takes them: every part is answered again."""
+    edit_config(workdir, {"generate": {"temperatures": [0.0, 1.0]}})  # the built run's eval.temperatures
+    assert planned(workdir) == {}
+    edit_config(workdir, {"eval": {"temperatures": [0.0, 0.5]}})
+    assert not {"generate_part", "generate_responses", "tokenize"} & set(planned(workdir))
+    edit_config(workdir, {"generate": {"temperatures": None}})
+    assert planned(workdir, RAW) == {"generate_part": 4, "generate_responses": 1}  # config.yaml's generate.num_parts
+
+
 def test_another_k_runs_one_drafter_engine_and_nothing_else_in_vllm(workdir):
     """K=2 added to the built run's K=1 and 3: its drafter engine alone (the baseline's text already
     reaches K=3 past max_tokens), then the evaluation; a suite added: its prompts and every vLLM run."""

@@ -134,7 +134,8 @@ def test_a_tokenizer_without_a_plain_text_route_is_refused(tmp_path):
         tokenize_file(raw, sealed, tmp_path / "tok.jsonl", tmp_path / "report.json", max_seq_len=512,
                       overlong="error", **settings)
     with pytest.raises(InputError, match=refusal):  # by the generate service, before vLLM starts
-        generate_part(prompts, sealed, tmp_path / "responses.jsonl", max_tokens=8, temperature=0.0, seed=0,
-                      vllm={"max_model_len": 512}, engine_log=tmp_path / "engine.log", **settings)
+        generate_part(prompts, sealed, tmp_path / "responses.jsonl", max_tokens=8, temperatures=[0.0],
+                      samples_per_prompt=1, seed=0, vllm={"max_model_len": 512}, engine_log=tmp_path / "engine.log",
+                      **settings)
     assert "vLLM" not in (tmp_path / "engine.log").read_text()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["engine.log", "prompts.jsonl", "raw.jsonl", "sealed"]

@@ -38,10 +38,11 @@ def test_canonical_and_openai_records(tmp_path):
             ],
         },
     }
-    path = write_lines(tmp_path / "r.jsonl", [GOOD, "\n", openai, "\n"])
-    a, b = read_records(path)
+    path = write_lines(tmp_path / "r.jsonl", [GOOD, "\n", openai, "\n", GOOD | {"id": "a#1", "temperature": 1.0}])
+    a, b, sampled = read_records(path)
     assert (a.id, a.reasoning_content, a.content, a.finish_reason, a.prompt_token_ids) == ("a", "2 + 2 = 4.", "4", "stop", None)
     assert a.where == f"{path}:1"
+    assert (a.temperature, b.temperature, sampled.temperature) == (None, None, 1.0)  # optional: made elsewhere
     assert (b.id, b.reasoning_content, b.content, b.finish_reason) == ("chatcmpl-1", "greet", "hello", "length")
     assert (b.prompt_token_ids, b.completion_token_ids) == ([1, 2, 3], [7, 8])
 
@@ -58,6 +59,8 @@ def test_canonical_and_openai_records(tmp_path):
         (GOOD, r"r\.jsonl:2: field 'id': duplicate id 'a' \(first on line 1\)"),
         (GOOD | {"id": "b", "prompt_token_ids": [1, "x"], "completion_token_ids": [2]}, r"r\.jsonl:2: field 'prompt_token_ids'"),
         (GOOD | {"id": "b", "prompt_token_ids": [1]}, r"r\.jsonl:2: field 'prompt_token_ids'/'completion_token_ids': give both"),
+        (GOOD | {"id": "b", "temperature": "hot"}, r"r\.jsonl:2: field 'temperature': expected int/float, got str"),
+        (GOOD | {"id": "b", "temperature": -1}, r"r\.jsonl:2: field 'temperature': expected a number >= 0, got -1"),
     ],
 )
 def test_bad_records_name_file_line_and_field(tmp_path, second_line, expected):

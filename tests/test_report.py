@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from eaglenest.data.vocab import vocab_map
-from eaglenest.evaluate.acceptance import acceptance
+from eaglenest.evaluate.acceptance import acceptance, share_of_ceiling
 from eaglenest.evaluate.online import recommend
 from eaglenest.report.common import percent
 from eaglenest.report.data import (coverage_curve, coverage_table, plot_coverage, plot_sample_lengths,
@@ -166,11 +166,14 @@ def vllm_run(suite, temperature, K, concurrency, speedup):
     offline |= {"indicator_rate_per_position": offline["acceptance_rate_per_position"],
                 "standard_error_per_position": errors}
     tolerance = [0.2] * K if temperature == 0 else [3.5 * e for e in errors]
+    ceiling = [1.0] * K if temperature == 0 else [0.6, 0.4, 0.25][:K]
     gaps = [abs(a - b) for a, b in zip(online["acceptance_rate_per_position"], offline["acceptance_rate_per_position"])]
     run = {"suite": suite, "temperature": temperature, "num_speculative_tokens": K, "concurrency": concurrency,
            "prompts": 4, "generated_tokens": 60, "counters": {}, **online,
            "tokens_per_s_without_speculation": 400.0 * concurrency,
            "tokens_per_s_with_speculation": 400.0 * concurrency * speedup, "speedup": speedup, "offline": offline,
+           "ceiling_per_position": ceiling,
+           "share_of_ceiling_per_position": share_of_ceiling(online["acceptance_rate_per_position"], ceiling),
            "max_disagreement": max(gaps), "tolerance_per_position": tolerance,
            "agrees": all(g <= t for g, t in zip(gaps, tolerance))}
     if temperature == 0:
@@ -182,6 +185,8 @@ def write_metrics(root):
     """offline_metrics.json and vllm_metrics.json in their formats (docs/CONTRACTS.md): two suites,
     two temperatures, K 1 and 3, concurrency 1 and 4; speculation pays held out, not on chat."""
     served = acceptance([3, 3, 2, 1, 0, 3, 2, 3], 3)
+    served |= {"ceiling_per_position": [1.0, 1.0, 0.875],
+               "share_of_ceiling_per_position": share_of_ceiling(served["acceptance_rate_per_position"], [1.0, 1.0, 0.875])}
     offline = {"num_speculative_tokens": 3, **acceptance([3, 3, 2, 1, 0, 3, 2, 3, 1, 2], 3), "served": served,
                "heldout_samples": 4, "heldout_tokens": 120, "heldout_generated_tokens": 60}
     base = {("heldout", 0.0): 1.2, ("heldout", 1.0): 0.9, ("chat", 0.0): 0.6, ("chat", 1.0): 0.5}
@@ -207,7 +212,8 @@ def test_the_acceptance_plot_puts_vllm_and_offline_side_by_side_per_suite_and_te
                      "position 1 position 2 position 3", "share of drafts accepted through k",
                      "vLLM, 1 request at once", "vLLM, 4 requests at once", "offline, on the baseline's text",
                      "offline, held-out shards, at vLLM's anchors",
-                     "± 3 standard errors of the offline-vLLM gap (temperature > 0)"]:
+                     "± 3 standard errors of the offline-vLLM gap (temperature > 0)",
+                     "ceiling: an oracle drafting the target's argmax, on the baseline's text"]:
         assert expected in text, expected
     assert text.index("heldout, temperature 0") < text.index("chat, temperature 0")  # the held-out split first
     largest = next(r for r in vllm["runs"] if r["num_speculative_tokens"] == 3 and r["temperature"] == 0)
@@ -237,12 +243,16 @@ def test_the_acceptance_table_has_every_run_and_the_k_to_serve_with(tmp_path):
     run = next(r for r in vllm["runs"] if (r["suite"], r["temperature"], r["num_speculative_tokens"],
                                             r["concurrency"]) == ("heldout", 0.0, 3, 1))
     rates, replayed = (" / ".join(f"{r:.3f}" for r in f["acceptance_rate_per_position"]) for f in (run, run["offline"]))
-    assert (f"heldout 0 3 1 8 {rates} {run['mean_acceptance_length']:.2f} {replayed} 0.200 / 0.200 / 0.200 "
-            f"{run['max_disagreement']:.3f} yes unchanged 400 600 1.50x") in page
-    assert "chat 1 1 4 8 0.375 1.38 0.500 0.175 0.125 yes — 1,600 640 0.40x" in page  # sampled: z standard errors
+    assert (f"heldout 0 3 1 8 {rates} {run['mean_acceptance_length']:.2f} 1.000 / 1.000 / 1.000 0.88 / 0.75 / 0.62 "
+            f"{replayed} 0.200 / 0.200 / 0.200 {run['max_disagreement']:.3f} yes unchanged 400 600 1.50x") in page
+    assert "chat 1 1 4 8 0.375 1.38 0.600 0.62 0.500 0.175 0.125 yes — 1,600 640 0.40x" in page  # sampled: z standard errors
     assert "heldout 0 1 K = 3 1.50x" in page and "heldout 1 4 no drafter: does not pay (best K = 3) 1.00x" in page
     assert "Offline and vLLM agree in 16 of 16 runs" in page and "suites heldout (4 prompts), chat (3 prompts)" in page
     assert "a draft at every anchor" in page and f"{offline['served']['mean_acceptance_length']:.2f}" in page
+    # the ceiling beside acceptance: every run, the K to serve with, the held-out shards
+    assert "ceiling share of ceiling" in page and "Ceiling: what an oracle" in page
+    assert "heldout 1 1 K = 3 1.20x 1.50 0.375 / 0.125 / 0.000 0.600 / 0.400 / 0.250 0.62 / 0.31 / 0.00" in page
+    assert "ceiling, at its own anchors 1.000 1.000 0.875 3.88 — —" in page
 
 
 def test_the_plan_table_gives_sizes_and_the_time_per_stage(tmp_path):

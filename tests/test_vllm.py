@@ -103,6 +103,17 @@ def test_every_run_is_recorded_and_its_figures_hold_together(built, evaluation):
         assert run["agrees"] and run["max_disagreement"] <= min(run["tolerance_per_position"])
         offline = run["offline"]
         assert len(offline["acceptance_rate_per_position"]) == K and offline["num_draft_tokens"] == K * offline["num_drafts"]
+        # the ceiling (an oracle drafting the target's argmax, same text): no drafter beats it
+        ceiling = run["ceiling_per_position"]
+        assert len(ceiling) == K and all(0 <= c <= 1 for c in ceiling)
+        assert run["share_of_ceiling_per_position"] == pytest.approx(
+            [a / c for a, c in zip(run["acceptance_rate_per_position"], ceiling)])
+        assert all(a <= c + t for a, c, t in zip(run["acceptance_rate_per_position"], ceiling,
+                                                  run["tolerance_per_position"]))
+        if run["temperature"] == 0:  # greedy text: the oracle's first draft always matches
+            assert ceiling[0] == 1.0
+        else:  # the target's own entropy bounds it
+            assert ceiling[0] < 1
         if run["temperature"] == 0:  # greedy: the replay is exact, text unchanged by speculation
             assert run["greedy_text_unchanged"] is True and run["divergent_share"] == 0
             assert run["tolerance_per_position"] == [0.05] * K
@@ -132,6 +143,7 @@ def test_the_recommended_k_is_the_best_measured_speedup_and_the_summary_says_so(
         assert best["num_speculative_tokens"] == top["num_speculative_tokens"] and best["speedup"] == top["speedup"]
         assert best["speculation_pays"] == (top["speedup"] > 1)
         assert best["acceptance_rate_per_position"] == top["acceptance_rate_per_position"]
+        assert best["ceiling_per_position"] == top["ceiling_per_position"]
         row = (f"| {best['suite']} | {best['temperature']:g} | {best['concurrency']} | {best['num_speculative_tokens']} "
                f"| {best['speedup']:.2f}x" + ("" if best["speculation_pays"] else " (does not pay)"))
         assert row in summary

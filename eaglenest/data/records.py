@@ -2,12 +2,13 @@
 
 Two record shapes are accepted (README "Input records", docs/CONTRACTS.md):
   canonical  {"id", "messages", "content", "finish_reason", optional "reasoning_content",
-              "reasoning_closed", "prompt_token_ids", "completion_token_ids"} (no reasoning
-              fields: a response without a think block, as a target without one writes)
+              "reasoning_closed", "temperature", "prompt_token_ids", "completion_token_ids"} (no
+              reasoning fields: a response without a think block, as a target without one writes)
   openai     {"id"?, "messages", "response": <chat.completion object>} where the response's
              choices[0] holds message.reasoning_content (or .reasoning), message.content,
              finish_reason and, from vLLM with return_token_ids, token_ids; the response
-             holds prompt_token_ids; "reasoning_closed", optional, sits beside "messages".
+             holds prompt_token_ids; "reasoning_closed" and "temperature", optional, sit beside
+             "messages".
 Both become one Record.
 """
 
@@ -31,6 +32,7 @@ class Record:
     prompt_token_ids: list | None
     completion_token_ids: list | None
     where: str  # "file:line", for error messages downstream
+    temperature: float | None = None  # what it was sampled at; None: the record does not say
 
 
 def _finish_reason(fields, field):
@@ -38,6 +40,14 @@ def _finish_reason(fields, field):
     if reason not in FINISH_REASONS:
         raise fields.error(field, f"expected one of {FINISH_REASONS}, got {reason!r} (tool calls are not supported)")
     return reason
+
+
+def _temperature(f):
+    """The optional "temperature": a number >= 0 (generate_part writes it; records made elsewhere lack it)."""
+    temperature = f.get("temperature", (int, float), optional=True)
+    if isinstance(temperature, bool) or (temperature is not None and temperature < 0):
+        raise f.error("temperature", f"expected a number >= 0, got {temperature!r}")
+    return temperature
 
 
 def _openai_fields(f):
@@ -79,7 +89,7 @@ def parse_record(obj, where):
     closed = f.get("reasoning_closed", bool, optional=True, allow_none=True)
     if closed is False and fields["content"]:
         raise f.error("reasoning_closed", "false, but there is content (content is what follows </think>)")
-    return Record(messages=messages, reasoning_closed=closed, where=where, **fields)
+    return Record(messages=messages, reasoning_closed=closed, where=where, temperature=_temperature(f), **fields)
 
 
 def read_records(path):

@@ -2,6 +2,7 @@
 held-out split that every later stage computes from a sample's id."""
 
 import hashlib
+import re
 
 from eaglenest.workflow.jsonl import read_objects
 
@@ -11,8 +12,16 @@ def read_tokenized(path):
     return read_objects(path)
 
 
+def prompt_id_of(sample_id):
+    """The prompt a sample answers: the id before its last '#' when only digits follow it (an
+    answer id, `{prompt id}#{j}`, docs/CONVENTIONS.md "Answer ids"), else the id itself."""
+    prompt_id, sep, index = str(sample_id).rpartition("#")
+    return prompt_id if sep and re.fullmatch("[0-9]+", index) else str(sample_id)
+
+
 def is_heldout(sample_id, fraction):
-    """Held-out iff a hash of the id falls below `fraction`: no sample ever changes side when
-    samples are added, and every stage computes the same split from the id alone."""
-    digest = hashlib.sha256(str(sample_id).encode()).digest()
+    """Held-out iff a hash of the sample's prompt id falls below `fraction`: every answer of a
+    prompt is on the same side (the evaluation never sees a prompt training learned), no sample
+    ever changes side when samples are added, and every stage computes the same split from the id."""
+    digest = hashlib.sha256(prompt_id_of(sample_id).encode()).digest()
     return int.from_bytes(digest[:8], "big") < fraction * 2**64

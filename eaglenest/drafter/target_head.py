@@ -55,6 +55,16 @@ class TargetHead:
         return torch.cat(probs).view(B, T, -1), torch.cat(in_vocab).view(B, T)
 
     @torch.no_grad()
+    def argmax(self, final_hidden, chunk_tokens=4096):
+        """final_hidden [..., H] (pre-norm, any dtype) -> [...] the target's greedy token after each
+        position, over the whole vocab (ties to the lowest id, as in distribution()): the drafts of
+        an oracle drafter, the ceiling of eaglenest.evaluate.expected."""
+        with torch.autocast(final_hidden.device.type, enabled=False):
+            ids = [(self.norm(x.to(self.dtype)) @ self.lm_head.T).argmax(-1)
+                   for x in final_hidden.flatten(0, -2).split(chunk_tokens)]
+        return torch.cat(ids).view(final_hidden.shape[:-1])
+
+    @torch.no_grad()
     def token_probs(self, final_hidden, tokens, temperature, chunk_tokens=1024):
         """final_hidden [T, H] (pre-norm, any dtype), tokens [K, T] target ids -> [K, T] float32: the
         target's probability of tokens[k, s] as the token after position s at `temperature` (the

@@ -38,11 +38,26 @@ def chain_drafts(drafter, ids, aux, num_speculative_tokens, chunk=ANCHOR_CHUNK):
 @torch.no_grad()
 def accepted_lengths(drafter, batch, num_speculative_tokens, chunk=ANCHOR_CHUNK):
     """-> (anchors [B, T] bool, accepted [B, T]: tokens accepted of the K drafted at anchor t)."""
+    return chain_lengths(chain_drafts(drafter, batch["input_ids"], batch["aux_hidden_states"], num_speculative_tokens,
+                                      chunk), batch)
+
+
+def oracle_drafts(target_argmax, num_speculative_tokens):
+    """The drafts of an oracle that drafts the target's own greedy token, in chain_drafts' layout:
+    target_argmax [B, T] (the target's argmax after position s) -> per step k, [B, T], the guess
+    at x_{t+k+2}, which is the argmax after position t+k+1. No drafter accepts more in vLLM,
+    which accepts a draft d with probability p_T(d) <= max p_T (eaglenest.evaluate.expected)."""
+    return [shift_left(target_argmax, k + 1, -1) for k in range(num_speculative_tokens)]
+
+
+def chain_lengths(drafts, batch):
+    """Chain drafts (per step k, [B, T] target ids) on the text of `batch` -> (anchors [B, T] bool,
+    accepted [B, T]: tokens accepted of the K drafted at anchor t, at temperature 0)."""
     ids, generated = batch["input_ids"], batch["loss_mask"]
     anchors = shift_left(generated, 1, False) & shift_left(generated, 2, False)
     chain = anchors.clone()
     lengths = torch.zeros_like(ids)
-    for k, drafted in enumerate(chain_drafts(drafter, ids, batch["aux_hidden_states"], num_speculative_tokens, chunk)):
+    for k, drafted in enumerate(drafts):
         chain &= (drafted == shift_left(ids, k + 2, -1)) & shift_left(generated, k + 2, False)
         lengths += chain
     return anchors, lengths
@@ -79,6 +94,12 @@ def acceptance_fields(num_drafts, num_draft_tokens, num_accepted_tokens, per_pos
         "acceptance_rate_per_position": rates,
         "mean_acceptance_length": 1 + sum(rates),
     }
+
+
+def share_of_ceiling(rates, ceiling):
+    """Acceptance per position as a share of the ceiling's (an oracle drafting the target's argmax:
+    oracle_drafts), None where the ceiling is 0."""
+    return [a / c if c > 0 else None for a, c in zip(rates, ceiling)]
 
 
 def acceptance(lengths, K):

@@ -3,8 +3,8 @@ counters against the offline evaluator's on the baseline's text (rule evaluate_v
 
 The offline side reads the target's hidden states of the reference texts from the agreement
 states (eaglenest.evaluate.agreement_states: taken by the hidden_states stage's backend, never by a
-second copy of the target; of the target only the embedding is read here, and its final norm and
-lm_head when a temperature is above 0), builds the drafter from the trained weights with the
+second copy of the target; of the target only its embedding, final norm and lm_head are read
+here), builds the drafter from the trained weights with the
 settings training used, the manifest's aux layers and the vocab stage's d2t, and replays vLLM's
 chain drafting on the text (eaglenest.evaluate.expected). At temperature 0 the two must agree
 within eval.agreement_tolerance per position, as replaying greedy text is exact; above 0 within
@@ -12,6 +12,11 @@ the standard errors of eval.agreement_standard_errors (family-wise over every sa
 they do not, vLLM read the drafter differently from how it was trained (the silent mismatches:
 aux layer ids in another convention, a norm flag defaulted the other way, a d2t in another
 form), and the run fails naming the reading that reproduces vLLM's numbers.
+
+Beside each run goes its ceiling: what an oracle that drafts the target's own argmax would have
+accepted on the same text (eaglenest.evaluate.expected.ceiling_outcomes), and the run's share of
+it. At temperature 0 the ceiling is 1; at 1 it is what vLLM's rejection sampler allows at all,
+so a share near 1 says the drafter has learned what there is to learn, a low one that it has not.
 """
 
 import dataclasses
@@ -21,13 +26,12 @@ from pathlib import Path
 
 import torch
 
-from eaglenest.data.target import read_target_embedding
 from eaglenest.data.vocab import load_vocab
 from eaglenest.drafter.load import drafter_from_state, load_drafter
 from eaglenest.drafter.model import DrafterConfig
-from eaglenest.evaluate.acceptance import acceptance_fields
+from eaglenest.evaluate.acceptance import acceptance_fields, share_of_ceiling
 from eaglenest.evaluate.agreement_states import AgreementStates, layer_misreadings
-from eaglenest.evaluate.expected import chain_outcomes, estimate, family_z, sample_counts
+from eaglenest.evaluate.expected import ceiling_outcomes, chain_outcomes, estimate, family_z, sample_counts
 from eaglenest.evaluate.online import recommend
 from eaglenest.states.manifest import read_manifest
 from eaglenest.drafter.target_head import TargetHead
@@ -63,18 +67,40 @@ def offline_estimates(states, indices, variants, Ks, *, temperature, max_tokens,
     (drafter, aux layer ids) of `variants`, on the samples `indices` of `states` (an
     AgreementStates: the baseline's text at `temperature`, of which the served runs generated at
     most `max_tokens` tokens), in one pass over them -> [{K: estimate}] per variant."""
-    columns = [states.columns(layer_ids) for _, layer_ids in variants]
-    counts = [{K: [] for K in Ks} for _ in variants]
-    ticker = ProgressLines(f"agreement check, T={temperature:g}", len(indices), "samples", logger=log)
-    for i in indices:
-        sample = states[i]
-        served = min(int(sample["loss_mask"].sum()), max_tokens)
-        for (drafter, _), cols, per_k in zip(variants, columns, counts):
+    def drafting(drafter, cols):
+        def outcomes(sample, served, K):
             on_device = {"input_ids": sample["input_ids"].to(device), "loss_mask": sample["loss_mask"].to(device),
                          "aux_hidden_states": sample["aux_hidden_states"][:, cols].to(device),
                          "final_hidden_states": sample["final_hidden_states"]}
-            anchors, matched, probs = chain_outcomes(drafter, on_device, served, max(Ks), head=head,
-                                                     temperature=temperature)
+            return chain_outcomes(drafter, on_device, served, K, head=head, temperature=temperature)
+        return outcomes
+
+    return _estimates(states, indices, [drafting(drafter, states.columns(layer_ids)) for drafter, layer_ids in variants],
+                      Ks, max_tokens=max_tokens, label=f"agreement check, T={temperature:g}")
+
+
+@torch.no_grad()
+def ceiling_estimates(states, indices, Ks, *, temperature, max_tokens, head, device):
+    """offline_estimates() of the oracle that drafts the target's own argmax (expected.ceiling_outcomes):
+    at each K of `Ks`, the acceptance per position no drafter beats on this text -> {K: estimate}."""
+    def outcomes(sample, served, K):
+        on_device = {"input_ids": sample["input_ids"].to(device), "loss_mask": sample["loss_mask"].to(device),
+                     "final_hidden_states": sample["final_hidden_states"]}
+        return ceiling_outcomes(on_device, served, K, head=head, temperature=temperature)
+
+    return _estimates(states, indices, [outcomes], Ks, max_tokens=max_tokens, label=f"ceiling, T={temperature:g}")[0]
+
+
+def _estimates(states, indices, variants, Ks, *, max_tokens, label):
+    """Each of `variants` (outcomes(sample, served tokens, K) -> replay()'s outcomes) at each K of
+    `Ks` on the samples `indices` of `states`, in one pass -> [{K: estimate}] per variant."""
+    counts = [{K: [] for K in Ks} for _ in variants]
+    ticker = ProgressLines(label, len(indices), "samples", logger=log)
+    for i in indices:
+        sample = states[i]
+        served = min(int(sample["loss_mask"].sum()), max_tokens)
+        for outcomes, per_k in zip(variants, counts):
+            anchors, matched, probs = outcomes(sample, served, max(Ks))
             for K in Ks:
                 per_k[K].append(sample_counts(anchors, matched, probs, K))
         ticker.advance()
@@ -152,16 +178,20 @@ def diagnose(states, indices, run, drafter, aux_layer_ids, num_layers, *, max_to
     return "within the standard errors it is consistent with " + "; or with ".join(found)
 
 
-def speculative_run(spec, run, plain, offline, tolerance_per_position):
+def speculative_run(spec, run, plain, offline, ceiling, tolerance_per_position):
     """One vllm_metrics.json run: K's run `run` (with vLLM's counters), the baseline's run `plain`
-    at the same (suite, temperature, concurrency) and the offline estimate on the same text."""
+    at the same (suite, temperature, concurrency), the offline estimate on the same text and the
+    ceiling there (ceiling_estimates at the same K)."""
     online = online_acceptance(run["counters"])
+    ceiling_rates = ceiling["acceptance_rate_per_position"]
     keep = {key: run[key] for key in ("greedy_text_unchanged", "divergent_share", "first_divergence") if key in run}
     return {"suite": run["suite"], "temperature": run["temperature"], "num_speculative_tokens": spec["num_speculative_tokens"],
             "concurrency": run["concurrency"], "prompts": run["prompts"], "generated_tokens": run["generated_tokens"],
             "counters": run["counters"], **online,
             "tokens_per_s_without_speculation": plain["tokens_per_s"], "tokens_per_s_with_speculation": run["tokens_per_s"],
             "speedup": run["tokens_per_s"] / plain["tokens_per_s"], **keep,
+            "ceiling_per_position": ceiling_rates,
+            "share_of_ceiling_per_position": share_of_ceiling(online["acceptance_rate_per_position"], ceiling_rates),
             "offline": offline, **compare(online, offline, tolerance_per_position)}
 
 
@@ -172,8 +202,9 @@ def evaluate_vllm(baseline_path, outputs_path, speculative_paths, states_dir, ta
     continuations, each K's runs (`speculative_paths`) and the target's states of the reference
     texts (`states_dir`, rule agreement_states), with the drafter built as trained on `device`.
     Fails, naming the misreadings that reproduce vLLM's numbers, when any run's acceptance is off
-    the offline estimate by more than its tolerance. Of the target only the embedding is read
-    (and its final norm and lm_head when a temperature is above 0)."""
+    the offline estimate by more than its tolerance. Each run also gets the ceiling on its text
+    (ceiling_estimates: an oracle drafting the target's argmax) and its share of it. Of the
+    target only the embedding, final norm and lm_head are read."""
     device = torch_device(device)
     baseline = json.loads(Path(baseline_path).read_text())
     speculative = sorted((json.loads(Path(p).read_text()) for p in speculative_paths),
@@ -187,16 +218,17 @@ def evaluate_vllm(baseline_path, outputs_path, speculative_paths, states_dir, ta
         raise InputError(f"{states_dir}: states for aux layers {states.info['aux_layer_ids']}, "
                          f"the manifest's are {aux_layer_ids}")
     texts = states.texts()
-    head = TargetHead(target_dir, device) if any(t > 0 for _, t, _ in texts) else None
-    embedding = head.embed_tokens if head else read_target_embedding(target_dir)
+    head = TargetHead(target_dir, device)  # its argmax: the ceiling; above temperature 0 its probabilities
     trained = DrafterConfig(**json.loads(Path(trained_config_path).read_text()))
-    drafter = trained_drafter(drafter_dir, trained, *load_vocab(d2t_path, t2d_path), embedding).to(device)
+    drafter = trained_drafter(drafter_dir, trained, *load_vocab(d2t_path, t2d_path), head.embed_tokens).to(device)
     log.info("offline side: %d samples of %s (%s backend, %s, layers %s); no target model loaded", len(states),
              states_dir, states.info["backend"], states.info["dtype"], states.info["layer_ids"])
     max_tokens = baseline["max_tokens"]
     offline = {(suite, t): offline_estimates(states, indices, [(drafter, aux_layer_ids)], Ks, temperature=t,
                                              max_tokens=max_tokens, head=head, device=device)[0]
                for suite, t, indices in texts}
+    ceiling = {(suite, t): ceiling_estimates(states, indices, Ks, temperature=t, max_tokens=max_tokens, head=head,
+                                             device=device) for suite, t, indices in texts}
     plain = {(r["suite"], r["temperature"], r["concurrency"]): r for r in baseline["runs"]}
     sampled = sum(spec["num_speculative_tokens"] * sum(r["temperature"] > 0 for r in spec["runs"])
                   for spec in speculative)  # positions compared at temperature > 0
@@ -207,10 +239,11 @@ def evaluate_vllm(baseline_path, outputs_path, speculative_paths, states_dir, ta
             key, K = (run["suite"], run["temperature"]), spec["num_speculative_tokens"]
             estimate_k = offline[key][K]
             limits = tolerance(estimate_k, run["temperature"], agreement_tolerance=agreement_tolerance, z=z)
-            runs.append(speculative_run(spec, run, plain[key + (run["concurrency"],)], estimate_k, limits))
-            log.info("%s T=%g c=%d K=%d: vLLM %s, offline %s, tolerance %s: %s", *key, run["concurrency"], K,
-                     _rates(runs[-1]), _rates(estimate_k), " / ".join(f"{t:.3f}" for t in limits),
-                     "agree" if runs[-1]["agrees"] else "DISAGREE")
+            runs.append(speculative_run(spec, run, plain[key + (run["concurrency"],)], estimate_k, ceiling[key][K],
+                                        limits))
+            log.info("%s T=%g c=%d K=%d: vLLM %s, offline %s, tolerance %s: %s; ceiling %s", *key, run["concurrency"],
+                     K, _rates(runs[-1]), _rates(estimate_k), " / ".join(f"{t:.3f}" for t in limits),
+                     "agree" if runs[-1]["agrees"] else "DISAGREE", _rates(ceiling[key][K]))
     if failing := [r for r in runs if not r["agrees"]]:
         first = failing[0]
         indices = next(i for suite, t, i in texts if (suite, t) == (first["suite"], first["temperature"]))

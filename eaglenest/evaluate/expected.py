@@ -31,7 +31,7 @@ from statistics import NormalDist
 import torch
 
 from eaglenest.drafter.model import shift_left
-from eaglenest.evaluate.acceptance import acceptance_fields, chain_drafts, served_positions
+from eaglenest.evaluate.acceptance import acceptance_fields, chain_drafts, oracle_drafts, served_positions
 
 
 def shift_right(x, n, fill):
@@ -40,6 +40,14 @@ def shift_right(x, n, fill):
     if n < len(x):
         out[n:] = x[: len(x) - n]
     return out
+
+
+def _token_probs(sample, head, temperature, device):
+    """replay()'s token_probs on one sample: the target's probabilities above temperature 0, else None."""
+    if temperature == 0:
+        return None
+    final = sample["final_hidden_states"].to(head.lm_head.device)
+    return lambda tokens: head.token_probs(final, tokens.to(final.device), temperature).to(device)
 
 
 @torch.no_grad()
@@ -51,11 +59,22 @@ def chain_outcomes(drafter, sample, served_tokens, K, *, head=None, temperature=
     temperature 0."""
     ids = sample["input_ids"]
     drafts = [d[0] for d in chain_drafts(drafter, ids[None], sample["aux_hidden_states"][None], K)]
-    token_probs = None
-    if temperature > 0:
-        final = sample["final_hidden_states"].to(head.lm_head.device)
-        token_probs = lambda tokens: head.token_probs(final, tokens.to(final.device), temperature).to(ids.device)  # noqa: E731
-    return replay(ids, sample["loss_mask"].bool(), served_tokens, drafts, token_probs)
+    return replay(ids, sample["loss_mask"].bool(), served_tokens, drafts, _token_probs(sample, head, temperature,
+                                                                                     ids.device))
+
+
+@torch.no_grad()
+def ceiling_outcomes(sample, served_tokens, K, *, head, temperature):
+    """chain_outcomes() of the oracle that drafts the target's own argmax (acceptance.oracle_drafts),
+    from the sample's final_hidden_states through the target's norm and lm_head: the acceptance no
+    drafter beats. At temperature 0 on greedy text every draft matches (ceiling 1); below 1 there
+    means the states' argmax and the served text disagree (numerics). Above 0 each depth is
+    accepted with probability max p_T."""
+    ids = sample["input_ids"]
+    target_argmax = head.argmax(sample["final_hidden_states"].to(head.lm_head.device)).to(ids.device)
+    drafts = [d[0] for d in oracle_drafts(target_argmax[None], K)]
+    return replay(ids, sample["loss_mask"].bool(), served_tokens, drafts, _token_probs(sample, head, temperature,
+                                                                                     ids.device))
 
 
 def replay(ids, generated, served_tokens, drafts, token_probs=None):

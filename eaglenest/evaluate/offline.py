@@ -8,9 +8,10 @@ target's greedy output; for sampled data it estimates acceptance against those s
 import logging
 
 from eaglenest.data.samples import is_heldout
-from eaglenest.data.target import read_target_embedding
 from eaglenest.drafter.load import load_drafter
-from eaglenest.evaluate.acceptance import acceptance, accepted_lengths, served_anchors
+from eaglenest.drafter.target_head import TargetHead
+from eaglenest.evaluate.acceptance import (acceptance, accepted_lengths, chain_lengths, oracle_drafts, served_anchors,
+                                           share_of_ceiling)
 from eaglenest.states.manifest import read_manifest
 from eaglenest.states.shards import ShardSamples, check_shards, collate, length_batches
 from eaglenest.workflow.atomic import write_json
@@ -40,7 +41,10 @@ def evaluate_offline(
     at the anchors vLLM itself drafts from (see served_anchors), comparable to vLLM's counters
     on the same greedy data (on a tiny target they matched vLLM CPU's exactly, except that
     vLLM also verifies drafts past max_tokens, which the data cannot). Acceptance clusters, so
-    the every-anchor rates read higher than the served ones.
+    the every-anchor rates read higher than the served ones. "served" also has the ceiling at
+    temperature 0 on this text (an oracle drafting the target's argmax, read from the shards'
+    final states: 1 where the data is greedy target output, lower on sampled data) and the
+    drafter's share of it.
 
     The samples go through in batches of similar length within `max_tokens_per_batch` padded
     tokens (speed only: each sample's drafts are its own, so the figures do not change).
@@ -48,30 +52,37 @@ def evaluate_offline(
     device = torch_device(device)
     manifest = read_manifest(manifest_path)
     check_shards(shard_paths, manifest)
-    drafter = load_drafter(drafter_dir, read_target_embedding(target_dir)).to(device)
+    head = TargetHead(target_dir, device)  # the drafter's embedding; its argmax drafts the ceiling
+    drafter = load_drafter(drafter_dir, head.embed_tokens).to(device)
     aux_layer_ids = drafter.config.aux_layer_ids
     if aux_layer_ids != list(manifest["aux_layer_ids"]):
         raise ValueError(f"drafter aux layers {aux_layer_ids} != shards' {manifest['aux_layer_ids']}")
     samples = ShardSamples(shard_paths, keep=lambda i: is_heldout(i, heldout_fraction))
     K = num_speculative_tokens
 
-    every, served, generated = [], [], 0
+    every, served, ceiling, generated = [], [], [], 0
     sizes = [end - start for _, start, end, _ in samples.index]
     ticker = ProgressLines("offline evaluation", len(samples), "samples", logger=log, rate_of="tokens")
     for indices in length_batches(range(len(samples)), sizes, max_tokens_per_batch):
         batch = collate([samples[i] for i in indices])  # in the stored dtype: chain_drafts casts a chunk at a time
         batch = {k: t.to(device) for k, t in batch.items()}
         anchors, lengths = accepted_lengths(drafter, batch, K)
-        for sample_anchors, sample_lengths in zip(anchors.tolist(), lengths.tolist()):
+        _, oracle = chain_lengths(oracle_drafts(head.argmax(batch["final_hidden_states"]), K), batch)
+        for sample_anchors, sample_lengths, oracle_lengths in zip(anchors.tolist(), lengths.tolist(), oracle.tolist()):
             every += [a for a, is_anchor in zip(sample_lengths, sample_anchors) if is_anchor]
             served += served_anchors(sample_anchors, sample_lengths)
+            ceiling += served_anchors(sample_anchors, oracle_lengths)
         generated += int(batch["loss_mask"].sum())
         ticker.advance(len(indices), work=sum(sizes[i] for i in indices))
 
+    served_fields = acceptance(served, K)
+    served_fields["ceiling_per_position"] = acceptance(ceiling, K)["acceptance_rate_per_position"]
+    served_fields["share_of_ceiling_per_position"] = share_of_ceiling(served_fields["acceptance_rate_per_position"],
+                                                                      served_fields["ceiling_per_position"])
     result = {
         "num_speculative_tokens": K,
         **acceptance(every, K),
-        "served": acceptance(served, K),
+        "served": served_fields,
         "heldout_samples": len(samples),
         "heldout_tokens": samples.num_tokens(),
         "heldout_generated_tokens": generated,

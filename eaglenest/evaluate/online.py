@@ -182,4 +182,6 @@ def recommend(runs):
              "num_speculative_tokens": run["num_speculative_tokens"], "speedup": run["speedup"],
              "mean_acceptance_length": run["mean_acceptance_length"],
              "acceptance_rate_per_position": run["acceptance_rate_per_position"],
+             "ceiling_per_position": run["ceiling_per_position"],
+             "share_of_ceiling_per_position": run["share_of_ceiling_per_position"],
              "speculation_pays": run["speedup"] > 1} for run in best.values()]

@@ -13,7 +13,7 @@ import logging
 
 from eaglenest.data import generate
 from eaglenest.data.prompts import read_prompts
-from eaglenest.data.samples import is_heldout, read_tokenized
+from eaglenest.data.samples import is_heldout, prompt_id_of, read_tokenized
 from eaglenest.data.tokenizer import Tokenizer
 from eaglenest.workflow.atomic import atomic_path
 from eaglenest.workflow.config import HELDOUT_SUITE as HELDOUT
@@ -24,11 +24,14 @@ log = logging.getLogger(__name__)
 
 
 def heldout_prompts(tokenized_path, heldout_fraction, max_prompts):
-    """The held-out samples' prompts, at most `max_prompts`, as suite entries."""
-    entries = []
+    """The held-out prompts, at most `max_prompts`, as suite entries named by prompt id: each once,
+    from its first sample (its answers share the prompt's tokens)."""
+    entries, seen = [], set()
     for line, sample in enumerate(read_tokenized(tokenized_path), 1):
-        if is_heldout(sample["id"], heldout_fraction) and len(entries) < max_prompts:
-            entries.append({"id": sample["id"], "prompt_token_ids": sample["input_ids"][: sample["loss_mask"].index(1)],
+        prompt_id = prompt_id_of(sample["id"])
+        if is_heldout(sample["id"], heldout_fraction) and prompt_id not in seen and len(entries) < max_prompts:
+            seen.add(prompt_id)
+            entries.append({"id": prompt_id, "prompt_token_ids": sample["input_ids"][: sample["loss_mask"].index(1)],
                             "where": f"{tokenized_path}:{line}"})
     if not entries:
         raise InputError(f"{tokenized_path}: no held-out samples (train.heldout_fraction {heldout_fraction})")

@@ -6,18 +6,19 @@ import json
 from eaglenest.workflow.atomic import atomic_path
 
 
-def _rates(metrics):
-    return " / ".join(f"{a:.2f}" for a in metrics["acceptance_rate_per_position"])
+def _rates(metrics, field="acceptance_rate_per_position"):
+    return " / ".join("-" if a is None else f"{a:.2f}" for a in metrics[field])
 
 
 def serving_table(online):
     """Per suite, temperature and concurrency: the K with the best measured speed-up, its
-    acceptance, every K's speed-up, and plainly where speculation does not pay."""
+    acceptance beside its ceiling (an oracle drafting the target's argmax, on the same text),
+    every K's speed-up, and plainly where speculation does not pay."""
     runs = online["runs"]
     lines = [f"## In vLLM {online['vllm_version']}: the K to serve with", "",
-             "| suite | temperature | concurrency | best K | speed-up | acceptance per position | mean acceptance length "
-             "| offline, same text | speed-up by K |",
-             "|---|---|---|---|---|---|---|---|---|"]
+             "| suite | temperature | concurrency | best K | speed-up | acceptance per position | ceiling | share of ceiling "
+             "| mean acceptance length | offline, same text | speed-up by K |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
     losing = []
     for best in online["recommended"]:
         same = [r for r in runs if (r["suite"], r["temperature"], r["concurrency"])
@@ -27,7 +28,8 @@ def serving_table(online):
                          for r in sorted(same, key=lambda r: r["num_speculative_tokens"]))
         verdict = f"{best['speedup']:.2f}x" + ("" if best["speculation_pays"] else " (does not pay)")
         lines.append(f"| {best['suite']} | {best['temperature']:g} | {best['concurrency']} | "
-                     f"{best['num_speculative_tokens']} | {verdict} | {_rates(run)} | {run['mean_acceptance_length']:.2f} "
+                     f"{best['num_speculative_tokens']} | {verdict} | {_rates(run)} | {_rates(run, 'ceiling_per_position')} "
+                     f"| {_rates(run, 'share_of_ceiling_per_position')} | {run['mean_acceptance_length']:.2f} "
                      f"| {_rates(run['offline'])} | {by_k} |")
         if not best["speculation_pays"]:
             losing.append(f"{best['suite']} at temperature {best['temperature']:g}, concurrency {best['concurrency']} "
@@ -66,7 +68,8 @@ def write_summary(tokenize_report, coverage, train_log, offline_metrics, vllm_me
         f"covering {cov['coverage']:.1%} of generated tokens",
         "- training: final " + ", ".join(f"{k} {v}" for k, v in last.items()),
         f"- offline, on the held-out shards, K={offline['num_speculative_tokens']}: acceptance per position "
-        f"{_rates(served)}, mean acceptance length {served['mean_acceptance_length']:.2f} ({served['num_drafts']} drafts)",
+        f"{_rates(served)}, mean acceptance length {served['mean_acceptance_length']:.2f} ({served['num_drafts']} drafts); "
+        f"ceiling at temperature 0 {_rates(served, 'ceiling_per_position')}",
         "- vLLM runs: suites " + ", ".join(f"{name} ({online['suites'][name]} prompts)"
                                             for name in dict.fromkeys(r["suite"] for r in online["runs"]))
         + f"; temperatures {', '.join(f'{t:g}' for t in online['temperatures'])}; K "

@@ -97,11 +97,23 @@ def _acceptance_bars(online, offline, suite, temperature, K, colors):
     return bars
 
 
+def _ceiling_marks(ax, online, suite, temperature, K, span):
+    """The ceiling of one panel (the same for every concurrency) as a line over each position's
+    group of bars, `span` wide."""
+    runs = runs_at(online, suite, temperature, K)
+    if runs:
+        label, color = SOURCES["ceiling"]
+        positions = np.arange(1, K + 1)
+        ax.hlines(runs[0]["ceiling_per_position"], positions - span / 2, positions + span / 2, colors=color, lw=2,
+                  linestyles="dashed", label=label, zorder=4)
+
+
 def plot_acceptance(offline_path, vllm_path, svg_path):
     """Small multiples, one panel per suite and temperature: grouped bars at each draft position k,
     the share of drafts accepted through k, at the largest K: vLLM's runs, the offline estimate on
-    the same text and (held out, greedy) the offline held-out shards. Level bars: vLLM runs the
-    drafter as trained."""
+    the same text and (held out, greedy) the offline held-out shards; a dashed line over each
+    group marks the ceiling there (what an oracle drafting the target's argmax gets on the same
+    text). Level bars: vLLM runs the drafter as trained; bars under the line: room to learn."""
     online, offline = read_json(vllm_path), read_json(offline_path)
     K = max(online["num_speculative_tokens"])
     colors = concurrency_colors(online["concurrency"])
@@ -117,6 +129,7 @@ def plot_acceptance(offline_path, vllm_path, svg_path):
                 drawn = ax.bar(x, rates, width, color=color, label=label, yerr=errors, error_kw=ERROR_BARS)
                 crowded = len(bars) * K > 12  # upright labels would run into each other; above any error bar
                 label_bars(ax, drawn, fontsize=6 if crowded else 7, rotation=90 if crowded else 0)
+            _ceiling_marks(ax, online, suite, temperature, K, 0.84)
             if temperature > 0 and bars:  # the error bars' legend entry
                 ax.errorbar([np.nan], [np.nan], yerr=[1], fmt="none", **ERROR_BARS,
                             label=f"± {online['agreement']['standard_errors']:g} standard errors of the "
@@ -172,8 +185,9 @@ def plot_speed(offline_path, vllm_path, svg_path):
 
 
 def _rates(rates, digits=3):
-    """Figures per position, "0.929 / 0.895 / 0.854"; no-break spaces keep a table cell on one line."""
-    return "\u00a0/\u00a0".join(f"{r:.{digits}f}" for r in rates)
+    """Figures per position, "0.929 / 0.895 / 0.854" (None: a dash); no-break spaces keep a table
+    cell on one line."""
+    return "\u00a0/\u00a0".join(DASH if r is None else f"{r:.{digits}f}" for r in rates)
 
 
 def _greedy(run):
@@ -195,6 +209,8 @@ def runs_table(online):
             "concurrency": str(r["concurrency"]), "drafts": count(r["num_drafts"]),
             "acceptance per position": _rates(r["acceptance_rate_per_position"]),
             "mean acceptance length": f"{r['mean_acceptance_length']:.2f}",
+            "ceiling": _rates(r["ceiling_per_position"]),
+            "share of ceiling": _rates(r["share_of_ceiling_per_position"], 2),
             "offline, same text": _rates(r["offline"]["acceptance_rate_per_position"]),
             "tolerance per position": _rates(r["tolerance_per_position"]),
             "largest gap": f"{r['max_disagreement']:.3f}", "agrees": "yes" if r["agrees"] else "NO",
@@ -207,26 +223,32 @@ def runs_table(online):
 
 def recommended_table(online):
     """DataFrame, one row per (suite, temperature, concurrency): the K with the best measured
-    speed-up, or that speculation does not pay there."""
+    speed-up, or that speculation does not pay there, and its acceptance beside the ceiling."""
     return pd.DataFrame([{
         "suite": r["suite"], "temperature": f"{r['temperature']:g}", "concurrency": str(r["concurrency"]),
         "serve with": f"K = {r['num_speculative_tokens']}" if r["speculation_pays"]
         else f"no drafter: does not pay (best K = {r['num_speculative_tokens']})",
         "speed-up": f"{r['speedup']:.2f}x", "mean acceptance length": f"{r['mean_acceptance_length']:.2f}",
         "acceptance per position": _rates(r["acceptance_rate_per_position"]),
+        "ceiling": _rates(r["ceiling_per_position"]),
+        "share of ceiling": _rates(r["share_of_ceiling_per_position"], 2),
     } for r in online["recommended"]])
 
 
 def heldout_table(offline):
-    """DataFrame of the offline held-out shards: at vLLM's anchors ("served") and at every anchor."""
+    """DataFrame of the offline held-out shards: at vLLM's anchors ("served"), at every anchor,
+    and the ceiling at temperature 0 on the same text (an oracle drafting the target's argmax)."""
     rows = []
-    for name, figures in [("at vLLM's anchors (served)", offline["served"]), ("a draft at every anchor", offline)]:
+    ceiling = {"acceptance_rate_per_position": offline["served"]["ceiling_per_position"]}
+    ceiling["mean_acceptance_length"] = 1 + sum(ceiling["acceptance_rate_per_position"])
+    for name, figures in [("at vLLM's anchors (served)", offline["served"]), ("a draft at every anchor", offline),
+                          ("ceiling, at its own anchors", ceiling)]:
         row = {"drafts from": name}
         for k, rate in enumerate(figures["acceptance_rate_per_position"], 1):
             row[f"position {k}"] = f"{rate:.3f}"
         row["mean acceptance length"] = f"{figures['mean_acceptance_length']:.2f}"
-        row["drafts"] = count(figures["num_drafts"])
-        row["accepted tokens"] = count(figures["num_accepted_tokens"])
+        row["drafts"] = count(figures["num_drafts"]) if "num_drafts" in figures else DASH
+        row["accepted tokens"] = count(figures["num_accepted_tokens"]) if "num_accepted_tokens" in figures else DASH
         rows.append(row)
     return pd.DataFrame(rows)
 
@@ -247,7 +269,10 @@ def write_acceptance_table(offline_path, vllm_path, table_path):
     suites = ", ".join(f"{name} ({online['suites'][name]:,} prompts)" for name in suite_names(online))
     note = (f"vLLM {online['vllm_version']}, suites {suites}, at most {online['max_tokens']:,} tokens per prompt. "
             "Acceptance at position k: the share of drafts whose first k tokens were all accepted; mean acceptance "
-            "length: 1 + their sum, tokens per target forward pass. " + agreement_sentence(online)
+            "length: 1 + their sum, tokens per target forward pass. Ceiling: what an oracle that drafts the target's "
+            "own argmax would have accepted on the same text (1 at temperature 0; above it, vLLM's rejection sampler "
+            "accepts a draft with the target's probability of it); share of ceiling: acceptance / ceiling. "
+            + agreement_sentence(online)
             + " Speed-up: tokens/s with the drafter over tokens/s without, at the same concurrency.")
     runs, best, heldout = runs_table(online), recommended_table(online), heldout_table(offline)
     tables = [("Every run: suite × temperature × K × concurrency", runs),

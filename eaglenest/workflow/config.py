@@ -7,7 +7,11 @@ HELDOUT_SUITE = "heldout"  # the evaluation suite of the training data's held-ou
 
 
 def validate_config(config, schema_path):
-    """Raise ValueError("config: KEY: problem") for the most relevant schema violation."""
+    """Raise ValueError("config: KEY: problem") for a replaced key (an older config) or the most
+    relevant schema violation."""
+    if isinstance(config.get("generate"), dict) and "temperature" in config["generate"]:
+        raise ValueError("config: generate.temperature: replaced by generate.temperatures (a list; null: "
+                         "eval.temperatures)")
     with open(schema_path) as f:
         schema = yaml.safe_load(f)
     errors = list(jsonschema.Draft202012Validator(schema).iter_errors(config))
@@ -33,3 +37,10 @@ def check_think_tokens(config):
     if (start is None) != (end is None):
         raise ValueError(f"config: tokenize.think_start/think_end: both set (a reasoning target) or both null "
                          f"(a target without a reasoning block), got {start!r} and {end!r}")
+
+
+def generation_temperatures(config):
+    """The temperatures generate_part answers at: generate.temperatures, or when null those the
+    drafter is served at (eval.temperatures), so that it learns the text it will be asked to draft."""
+    temperatures = config["generate"]["temperatures"]
+    return list(config["eval"]["temperatures"] if temperatures is None else temperatures)
