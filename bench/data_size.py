@@ -2,15 +2,14 @@
 
 A run's hidden states come in shards of about equal size (samples go to shards by a hash of
 their id), so 1, 2, ... of them are nested training sets of growing size. This trains a drafter
-on the training samples of the first n shards, for n in SHARDS, with the run's own training
-settings (config.yaml overlaid with --configfile's, as Snakemake merges them) and the same
-number of epochs, and evaluates each on the held-out samples of every shard (the same prompts
-for all sizes), with the run's own drafter (all shards, trained by train_drafter) as the largest
-size. Acceptance is the offline evaluation's at vLLM's anchors, at temperature 0: on greedy data
+on the training samples of the first n shards, for each n of --shards, with the run's own
+training settings (config.yaml overlaid with --configfile's, as Snakemake merges them; --epochs
+may replace its epochs, the same for every size), and evaluates each on the held-out samples of
+every shard (the same prompts for all sizes). Acceptance is the offline evaluation's at vLLM's anchors, at temperature 0: on greedy data
 it is what vLLM counts (the run's evaluate_vllm checks that). Training accuracy at its last
 logged steps against held-out acceptance at position 1 says how far each size overfits.
 
-    .venv/bin/python bench/data_size.py --configfile configs/smollm2.yaml   # after make smollm2 (~30 min)
+    .venv/bin/python bench/data_size.py --configfile configs/smollm2.yaml --epochs 2   # after make smollm2 (~25 min)
 """
 
 import argparse
@@ -60,41 +59,38 @@ def evaluate(results, shards, drafter, config, out):
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--configfile", default="configs/smollm2.yaml")
-    parser.add_argument("--shards", default="1,2", help="training sizes below all shards, in shards")
+    parser.add_argument("--shards", default="1,2,4", help="training sizes, in shards")
+    parser.add_argument("--epochs", type=int, help="instead of the config's train.epochs")
     parser.add_argument("--results", help="the run's results folder, if not the config's (e.g. a fresh clone's)")
     args = parser.parse_args()
     config = merged(yaml.safe_load((REPO / "config.yaml").read_text()),
                     yaml.safe_load((REPO / args.configfile).read_text()))
     results = Path(args.results) if args.results else REPO / config["results"]
     shards = sorted((results / "hidden_states").glob("shard_*.safetensors"))
-    train = {key: config["train"][key] for key in TRAINING}
+    train = {key: config["train"][key] for key in TRAINING} | ({"epochs": args.epochs} if args.epochs else {})
     fraction = train["heldout_fraction"]
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
-        for n in [int(s) for s in args.shards.split(",")] + [len(shards)]:
+        for n in [int(s) for s in args.shards.split(",")]:
             samples = ShardSamples(shards[:n], keep=lambda i: not is_heldout(i, fraction))
-            if n < len(shards):
-                drafter, log_path = Path(tmp) / f"drafter_{n}", Path(tmp) / f"train_{n}.tsv"
-                start = time.perf_counter()
-                train_drafter(shards[:n], results / "hidden_states/manifest.json", results / "vocab/d2t.pt",
-                              results / "vocab/t2d.pt", results / "target", drafter, log_path,
-                              drafter_geometry=config["drafter"], **train)
-                seconds, source = time.perf_counter() - start, "trained here"
-            else:
-                drafter, log_path = results / "drafter", results / "train/train_log.tsv"
-                seconds, source = None, "the run's train_drafter"
+            drafter, log_path = Path(tmp) / f"drafter_{n}", Path(tmp) / f"train_{n}.tsv"
+            start = time.perf_counter()
+            train_drafter(shards[:n], results / "hidden_states/manifest.json", results / "vocab/d2t.pt",
+                          results / "vocab/t2d.pt", results / "target", drafter, log_path,
+                          drafter_geometry=config["drafter"], **train)
+            seconds = time.perf_counter() - start
             served = evaluate(results, shards, drafter, config, Path(tmp) / f"offline_{n}.json")
-            rows.append((n, len(samples), samples.num_tokens(), source, seconds, last_accuracy(log_path), served))
+            rows.append((n, len(samples), samples.num_tokens(), seconds, last_accuracy(log_path), served))
             print(f"{n} shards done", file=sys.stderr, flush=True)
     K = max(config["eval"]["num_speculative_tokens"])
-    print(f"| shards | training samples | training tokens | drafter | training time | training accuracy, step 1 "
+    print(f"{train['epochs']} epochs at every size")
+    print(f"| shards | training samples | training tokens | training time | training accuracy, step 1 "
           f"| held-out acceptance per position (K={K}) | mean acceptance length | ceiling |")
-    print("|---|---|---|---|---|---|---|---|---|")
-    for n, count, tokens, source, seconds, accuracy, served in rows:
+    print("|---|---|---|---|---|---|---|---|")
+    for n, count, tokens, seconds, accuracy, served in rows:
         rates = " / ".join(f"{a:.3f}" for a in served["acceptance_rate_per_position"])
         ceiling = " / ".join(f"{a:.3f}" for a in served["ceiling_per_position"])
-        took = f"{seconds / 60:.1f} min" if seconds is not None else "(the run's)"
-        print(f"| {n} of {len(shards)} | {count:,} | {tokens:,} | {source} | {took} | {accuracy:.3f} | {rates} "
+        print(f"| {n} of {len(shards)} | {count:,} | {tokens:,} | {seconds / 60:.1f} min | {accuracy:.3f} | {rates} "
               f"| {served['mean_acceptance_length']:.3f} | {ceiling} |")
 
 

@@ -102,8 +102,8 @@ def test_editing_one_sample_reextracts_only_its_shard_and_dry_run_names_it(workd
         ({"vocab": {"draft_vocab_size": 96}}, {"vocab_map"} | PLAN | DOWNSTREAM_OF_TRAINING, 0),
         ({"eval": {"max_prompts": 40}}, {"eval_prompts", "vllm_baseline", "vllm_speculative", "agreement_states",
                                          "evaluate_vllm", "summary", "report_figures", "all"}, 0),
-        ({"eval": {"temperatures": [0.0]}}, {"vllm_baseline", "vllm_speculative", "agreement_states", "evaluate_vllm",
-                                             "summary", "report_figures", "all"}, 0),
+        ({"eval": {"temperatures": [0.0]}, "generate": {"temperatures": [0.0, 1.0]}},  # generation pinned: eval alone
+         {"vllm_baseline", "vllm_speculative", "agreement_states", "evaluate_vllm", "summary", "report_figures", "all"}, 0),
         ({"eval": {"agreement_standard_errors": 4}}, {"evaluate_vllm", "summary", "report_figures", "all"}, 0),
         ({"eval": {"agreement_tolerance": 0.1}}, {"evaluate_vllm", "summary", "report_figures", "all"}, 0),  # the check alone, no vLLM run
     ],

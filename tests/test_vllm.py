@@ -100,7 +100,10 @@ def test_every_run_is_recorded_and_its_figures_hold_together(built, evaluation):
         assert run["tokens_per_s_without_speculation"] == plain[key]["tokens_per_s"]
         assert run["speedup"] == pytest.approx(run["tokens_per_s_with_speculation"] / plain[key]["tokens_per_s"])
         assert run["prompts"] == plain[key]["prompts"] == len(texts[key]) == metrics["suites"][run["suite"]]
-        assert run["agrees"] and run["max_disagreement"] <= min(run["tolerance_per_position"])
+        gaps = [abs(a - b) for a, b in zip(run["acceptance_rate_per_position"],
+                                           run["offline"]["acceptance_rate_per_position"])]
+        assert run["agrees"] and run["max_disagreement"] == max(gaps)
+        assert all(gap <= t for gap, t in zip(gaps, run["tolerance_per_position"]))
         offline = run["offline"]
         assert len(offline["acceptance_rate_per_position"]) == K and offline["num_draft_tokens"] == K * offline["num_drafts"]
         # the ceiling (an oracle drafting the target's argmax, same text): no drafter beats it
@@ -259,16 +262,23 @@ def test_the_offline_side_reads_the_agreement_states_never_the_target_model(buil
     assert "results/eval/agreement_states (hf backend" in (results / "logs/evaluate_vllm.log").read_text()
 
 
+CEILING = ("ceiling_per_position", "share_of_ceiling_per_position")  # from the states, as the offline side
+
+
 def same_metrics(again, metrics):
-    """vllm_metrics.json figures equal, the offline rates within a draft or so (float rounding of
-    another thread count or backend may flip a near-tie)."""
+    """vllm_metrics.json figures equal, the offline rates and the ceiling within a draft or so
+    (float rounding of another thread count or backend may flip a near-tie)."""
     for a, b in zip(again["runs"], metrics["runs"], strict=True):
         rates = "acceptance_rate_per_position"
         assert a["offline"][rates] == pytest.approx(b["offline"][rates], abs=0.01)
+        for field in CEILING:
+            assert a[field] == pytest.approx(b[field], abs=0.01)
         assert a["agrees"]
-        skip = ("offline", "max_disagreement", "tolerance_per_position")
+        skip = ("offline", "max_disagreement", "tolerance_per_position", *CEILING)
         assert {k: v for k, v in a.items() if k not in skip} == {k: v for k, v in b.items() if k not in skip}
-    assert again["recommended"] == metrics["recommended"]
+    for a, b in zip(again["recommended"], metrics["recommended"], strict=True):
+        assert {k: v for k, v in a.items() if k not in CEILING} == {k: v for k, v in b.items() if k not in CEILING}
+        assert a["ceiling_per_position"] == pytest.approx(b["ceiling_per_position"], abs=0.01)
 
 
 def test_with_the_vllm_backend_the_agreement_states_come_from_vllm(workdir, evaluation):

@@ -90,9 +90,10 @@ def test_story3_draft_vocab_size_reruns_vocab_training_and_evaluation_only(workd
     assert coverage["draft_vocab_size"] == 96
     offline = json.loads((workdir / "results/eval/offline_metrics.json").read_text())
     assert offline["served"]["num_drafts"] > 0
-    # greedy data: the oracle drafting the target's argmax (from the shards' final states) always matches at depth 1
+    # the oracle drafting the target's argmax (from the shards' final states): half of the held-out
+    # text was sampled at temperature 1, where the text is not always the argmax
     served = offline["served"]
-    assert served["ceiling_per_position"][0] == 1.0 and all(c <= 1 for c in served["ceiling_per_position"])
+    assert 0 < served["ceiling_per_position"][0] < 1 and all(c <= 1 for c in served["ceiling_per_position"])
     assert served["share_of_ceiling_per_position"] == pytest.approx(
         [a / c for a, c in zip(served["acceptance_rate_per_position"], served["ceiling_per_position"])])
     assert set(planned(workdir)) == {"plan", "export_eagle", "check_drafter", "vllm_speculative", "evaluate_vllm",
