@@ -18,6 +18,7 @@ from eaglenest.drafter.model import Drafter, DrafterConfig, cached_attend, ttt_a
 from eaglenest.evaluate.acceptance import acceptance, accepted_lengths, chain_drafts, served_anchors
 from eaglenest.evaluate.agreement import load_drafter_copy, misreadings, offline_estimates, trained_drafter
 from eaglenest.evaluate.agreement_states import AgreementStates, extract_agreement_states
+from eaglenest.evaluate.expected import ceiling_outcomes, estimate, sample_counts
 from eaglenest.states.hf import extract_shard
 from eaglenest.states.manifest import write_manifest
 from eaglenest.states.shards import collate, read_shard
@@ -290,8 +291,16 @@ def test_the_agreement_checks_offline_side_runs_on_bf16_states(data, trained, tm
     (offline,) = offline_estimates(states, greedy, [(drafter, AUX)], [K], temperature=0.0, max_tokens=64, head=None,
                                    device="cpu")
     assert {key: offline[K][key] for key in reference} == reference
+    head = TargetHead(target)
     (expected,) = offline_estimates(states, sampled, [(drafter, AUX)], [K], temperature=1.0, max_tokens=64,
-                                    head=TargetHead(target), device="cpu")
+                                    head=head, device="cpu")
+    # the ceiling rides along in the same pass: the drafter's figures unchanged, the oracle's as alone
+    with_ceiling, ceiling = offline_estimates(states, sampled, [(drafter, AUX)], [K], temperature=1.0, max_tokens=64,
+                                              head=head, device="cpu", ceiling=True)
+    assert with_ceiling == expected
+    alone = [sample_counts(*ceiling_outcomes(states[i], min(int(states[i]["loss_mask"].sum()), 64), K, head=head,
+                                             temperature=1.0), K) for i in sampled]
+    assert ceiling[K] == estimate(alone, K)
     rates = expected[K]["acceptance_rate_per_position"]
     assert all(0 <= r <= 1 for r in rates) and rates == sorted(rates, reverse=True)
     assert all(0 <= se < float("inf") for se in expected[K]["standard_error_per_position"])  # 3 prompts: finite

@@ -62,45 +62,27 @@ def trained_drafter(drafter_dir, trained_config, d2t, t2d, embed_tokens):
 
 
 @torch.no_grad()
-def offline_estimates(states, indices, variants, Ks, *, temperature, max_tokens, head, device):
+def offline_estimates(states, indices, variants, Ks, *, temperature, max_tokens, head, device, ceiling=False):
     """The offline estimate (eaglenest.evaluate.expected.estimate) at each K of `Ks` of each
     (drafter, aux layer ids) of `variants`, on the samples `indices` of `states` (an
     AgreementStates: the baseline's text at `temperature`, of which the served runs generated at
-    most `max_tokens` tokens), in one pass over them -> [{K: estimate}] per variant."""
-    def drafting(drafter, cols):
-        def outcomes(sample, served, K):
-            on_device = {"input_ids": sample["input_ids"].to(device), "loss_mask": sample["loss_mask"].to(device),
-                         "aux_hidden_states": sample["aux_hidden_states"][:, cols].to(device),
-                         "final_hidden_states": sample["final_hidden_states"]}
-            return chain_outcomes(drafter, on_device, served, K, head=head, temperature=temperature)
-        return outcomes
-
-    return _estimates(states, indices, [drafting(drafter, states.columns(layer_ids)) for drafter, layer_ids in variants],
-                      Ks, max_tokens=max_tokens, label=f"agreement check, T={temperature:g}")
-
-
-@torch.no_grad()
-def ceiling_estimates(states, indices, Ks, *, temperature, max_tokens, head, device):
-    """offline_estimates() of the oracle that drafts the target's own argmax (expected.ceiling_outcomes):
-    at each K of `Ks`, the acceptance per position no drafter beats on this text -> {K: estimate}."""
-    def outcomes(sample, served, K):
-        on_device = {"input_ids": sample["input_ids"].to(device), "loss_mask": sample["loss_mask"].to(device),
-                     "final_hidden_states": sample["final_hidden_states"]}
-        return ceiling_outcomes(on_device, served, K, head=head, temperature=temperature)
-
-    return _estimates(states, indices, [outcomes], Ks, max_tokens=max_tokens, label=f"ceiling, T={temperature:g}")[0]
-
-
-def _estimates(states, indices, variants, Ks, *, max_tokens, label):
-    """Each of `variants` (outcomes(sample, served tokens, K) -> replay()'s outcomes) at each K of
-    `Ks` on the samples `indices` of `states`, in one pass -> [{K: estimate}] per variant."""
-    counts = [{K: [] for K in Ks} for _ in variants]
-    ticker = ProgressLines(label, len(indices), "samples", logger=log)
+    most `max_tokens` tokens), in one pass over them -> [{K: estimate}] per variant. `ceiling`:
+    then also, last, the oracle that drafts the target's own argmax (expected.ceiling_outcomes),
+    the acceptance no drafter beats on this text, from the same read of each sample."""
+    columns = [states.columns(layer_ids) for _, layer_ids in variants]
+    counts = [{K: [] for K in Ks} for _ in range(len(variants) + ceiling)]
+    ticker = ProgressLines(f"agreement check, T={temperature:g}", len(indices), "samples", logger=log)
     for i in indices:
         sample = states[i]
         served = min(int(sample["loss_mask"].sum()), max_tokens)
-        for outcomes, per_k in zip(variants, counts):
-            anchors, matched, probs = outcomes(sample, served, max(Ks))
+        text = {"input_ids": sample["input_ids"].to(device), "loss_mask": sample["loss_mask"].to(device),
+                "final_hidden_states": sample["final_hidden_states"]}
+        outcomes = [chain_outcomes(drafter, text | {"aux_hidden_states": sample["aux_hidden_states"][:, cols].to(device)},
+                                   served, max(Ks), head=head, temperature=temperature)
+                    for (drafter, _), cols in zip(variants, columns)]
+        if ceiling:
+            outcomes.append(ceiling_outcomes(text, served, max(Ks), head=head, temperature=temperature))
+        for (anchors, matched, probs), per_k in zip(outcomes, counts):
             for K in Ks:
                 per_k[K].append(sample_counts(anchors, matched, probs, K))
         ticker.advance()
@@ -181,7 +163,7 @@ def diagnose(states, indices, run, drafter, aux_layer_ids, num_layers, *, max_to
 def speculative_run(spec, run, plain, offline, ceiling, tolerance_per_position):
     """One vllm_metrics.json run: K's run `run` (with vLLM's counters), the baseline's run `plain`
     at the same (suite, temperature, concurrency), the offline estimate on the same text and the
-    ceiling there (ceiling_estimates at the same K)."""
+    ceiling there (offline_estimates' oracle at the same K)."""
     online = online_acceptance(run["counters"])
     ceiling_rates = ceiling["acceptance_rate_per_position"]
     keep = {key: run[key] for key in ("greedy_text_unchanged", "divergent_share", "first_divergence") if key in run}
@@ -203,7 +185,7 @@ def evaluate_vllm(baseline_path, outputs_path, speculative_paths, states_dir, ta
     texts (`states_dir`, rule agreement_states), with the drafter built as trained on `device`.
     Fails, naming the misreadings that reproduce vLLM's numbers, when any run's acceptance is off
     the offline estimate by more than its tolerance. Each run also gets the ceiling on its text
-    (ceiling_estimates: an oracle drafting the target's argmax) and its share of it. Of the
+    (offline_estimates' oracle drafting the target's argmax) and its share of it. Of the
     target only the embedding, final norm and lm_head are read."""
     device = torch_device(device)
     baseline = json.loads(Path(baseline_path).read_text())
@@ -224,11 +206,11 @@ def evaluate_vllm(baseline_path, outputs_path, speculative_paths, states_dir, ta
     log.info("offline side: %d samples of %s (%s backend, %s, layers %s); no target model loaded", len(states),
              states_dir, states.info["backend"], states.info["dtype"], states.info["layer_ids"])
     max_tokens = baseline["max_tokens"]
-    offline = {(suite, t): offline_estimates(states, indices, [(drafter, aux_layer_ids)], Ks, temperature=t,
-                                             max_tokens=max_tokens, head=head, device=device)[0]
-               for suite, t, indices in texts}
-    ceiling = {(suite, t): ceiling_estimates(states, indices, Ks, temperature=t, max_tokens=max_tokens, head=head,
-                                             device=device) for suite, t, indices in texts}
+    offline, ceiling = {}, {}
+    for suite, t, indices in texts:
+        offline[suite, t], ceiling[suite, t] = offline_estimates(states, indices, [(drafter, aux_layer_ids)], Ks,
+                                                                 temperature=t, max_tokens=max_tokens, head=head,
+                                                                 device=device, ceiling=True)
     plain = {(r["suite"], r["temperature"], r["concurrency"]): r for r in baseline["runs"]}
     sampled = sum(spec["num_speculative_tokens"] * sum(r["temperature"] > 0 for r in spec["runs"])
                   for spec in speculative)  # positions compared at temperature > 0
