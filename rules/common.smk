@@ -59,7 +59,7 @@ BENCHMARKS = f"{RESULTS}/benchmarks"
 ENV = "../envs/eaglenest.yaml"
 # GPUs of a job extracting the target's states (hidden_states, agreement_states): with the vLLM
 # backend the target's tensor-parallel ranks (the phase's engine service uses them while its
-# jobs hold them: README "One target load per phase"); HF: one GPU on cuda; none on CPU
+# jobs hold them: docs/HIDDEN_STATES.md "One target load per phase"); HF: one GPU on cuda; none on CPU
 EXTRACTION_GPUS = (
     0
     if config["hidden_states"]["device"] == "cpu"

@@ -80,7 +80,7 @@ VLLM_RUN_PARAMS = {
     "concurrency": config["eval"]["concurrency"],
     "max_tokens": config["eval"]["max_tokens"],
     "seed": config["eval"]["seed"],
-    "vllm": artifact_settings(config, "vllm"),  # speed and placement: read from the config (README "Rebuilding")
+    "vllm": artifact_settings(config, "vllm"),  # speed and placement: read from the config (docs/REBUILDING.md)
     "trust_remote_code": config["target"]["trust_remote_code"],
     "end_of_turn": config["tokenize"]["end_of_turn"],
 }

@@ -32,7 +32,7 @@ rule hidden_states:
         aux_layer_ids=config["hidden_states"]["aux_layer_ids"],
         dtype=config["hidden_states"]["dtype"],
         # only the vLLM backend reads these: with HF, changing them must not re-extract anything;
-        # devices, speed and placement are read from the config (README "Rebuilding")
+        # devices, speed and placement are read from the config (docs/REBUILDING.md)
         vllm=artifact_settings(config, "vllm") if config["hidden_states"]["backend"] == "vllm" else None,
         trust_remote_code=config["target"]["trust_remote_code"],
         code=code("hidden_states"),

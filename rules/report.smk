@@ -13,7 +13,6 @@ REPORT = f"{RESULTS}/report"
 rule report_figures:
     input:
         plan=PLAN_JSON,
-        tokenized=TOKENIZED,
         tokenize=rules.tokenize.output.report,
         token_freq=rules.token_freq.output.freq,
         coverage=rules.vocab_map.output.coverage,

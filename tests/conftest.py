@@ -18,6 +18,32 @@ DEMO_CORPUS = REPO / "resources" / "demo" / "corpus.jsonl"
 DEMO_RAW = REPO / "resources" / "demo" / "raw_responses.jsonl"
 
 
+def pytest_addoption(parser):
+    parser.addini("slowest_10_budget_s", "seconds the suite's 10 slowest tests may take together (BENCHMARKS.md)")
+
+
+SECONDS = {}  # test id -> seconds of its setup, call and teardown (a session fixture's build counts to its first user)
+
+
+def pytest_runtest_logreport(report):
+    SECONDS[report.nodeid] = SECONDS.get(report.nodeid, 0.0) + report.duration
+
+
+def pytest_sessionfinish(session, exitstatus):
+    """The time guard: the suite fails when its 10 slowest tests together pass the budget that
+    pyproject.toml sets (the measured figure plus 50%, wall time being noisy). A new whole-workflow
+    run, or a fixture grown large, shows up here rather than as a slower CI weeks later."""
+    budget = float(session.config.getini("slowest_10_budget_s") or 0)
+    slowest = sorted(SECONDS.items(), key=lambda item: -item[1])[:10]
+    total = sum(seconds for _, seconds in slowest)
+    if budget and total > budget:
+        lines = "\n".join(f"  {seconds:7.1f} s  {test}" for test, seconds in slowest)
+        session.config.get_terminal_writer().line(
+            f"\nthe 10 slowest tests took {total:.0f} s together, over the {budget:.0f} s budget of pyproject.toml's "
+            f"slowest_10_budget_s:\n{lines}", red=True)
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
 @pytest.fixture(scope="session", autouse=True)
 def one_thread():
     """Tiny models run fastest on one torch thread, and stay fast on a busy machine (two OpenMP
@@ -51,6 +77,31 @@ def smollm2_target(tmp_path_factory):
     gguf = package_file(SMOLLM2["package"], SMOLLM2["file"], "target.gguf")
     build_gguf_target(gguf, out, package=SMOLLM2["package"], sha256=SMOLLM2["sha256"])
     return out
+
+
+SMOLLM2_PROMPTS = 32
+SMOLLM2_CI = {  # configs/smollm2.yaml, shrunk: what the test's point does not need size for
+    # float32, as vLLM on CPU is bit-exact only there: states held to 1e-4, greedy identity exact
+    "vllm": {"dtype": "float32"},
+    "generate": {"max_tokens": 32, "num_parts": 2},
+    "vocab": {"draft_vocab_size": 512},
+    "hidden_states": {"backend": "vllm", "dtype": "float32", "num_shards": 2},  # the test computes HF's
+    "train": {"bf16": False, "epochs": 1, "tokens_per_step": 200, "max_tokens_per_batch": 1024, "heldout_fraction": 0.25},
+    "eval": {"suites": [], "temperatures": [0.0], "num_speculative_tokens": [3], "concurrency": [1],
+             "max_tokens": 32, "max_prompts": 8},
+}
+
+
+@pytest.fixture(scope="session")
+def smollm2_run(tmp_path_factory):
+    """A workflow copy after one run of configs/smollm2.yaml with the CI overlay, target built by the workflow."""
+    workdir = new_workdir(tmp_path_factory.mktemp("smollm2"))
+    prompts = workdir / "resources/smollm2/prompts.jsonl"
+    prompts.write_text("".join(prompts.read_text().splitlines(keepends=True)[:SMOLLM2_PROMPTS]))
+    config = merge(yaml.safe_load((REPO / "configs/smollm2.yaml").read_text()), SMOLLM2_CI)
+    (workdir / "ci.yaml").write_text(yaml.safe_dump(config))
+    snakemake(workdir, "--configfile", "ci.yaml")
+    return workdir / "results/smollm2"
 
 
 WORKFLOW_FILES = ["Snakefile", "config.yaml", "rules", "scripts", "schemas", "envs", "eaglenest", "resources", "report",

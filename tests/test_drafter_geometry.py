@@ -101,7 +101,7 @@ def test_kimi_k25_geometry_is_what_vllm_reads_and_serves(tmp_path):
 
     trainable, frozen = parameter_counts(c)
     print(f"Kimi-K2.5 drafter: {trainable:,} trainable, {frozen:,} frozen (the target's embedding)")
-    assert (trainable, frozen) == (853_307_392, 1_174_405_120)  # README "Drafter geometry"
+    assert (trainable, frozen) == (853_307_392, 1_174_405_120)  # docs/TRAINING.md "Drafter geometry"
 
 
 def test_explicit_values_override_the_defaults_and_yarn_reaches_vllm(tmp_path):

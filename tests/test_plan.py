@@ -104,3 +104,14 @@ def test_extraction_refuses_to_start_on_a_disk_without_room_and_writes_nothing(w
     assert str(Path(workdir / "results/hidden_states")) in line and "hidden_states.free_disk_margin_gb" in line
     assert "Traceback" not in log
     assert {p: p.stat().st_mtime_ns for p in others} == others
+
+
+def test_sizes_and_times_read_the_same_in_the_plan_the_report_and_the_guard():
+    """One unit system for people (docs/CONVENTIONS.md "Units for people"): decimal bytes, h:mm:ss."""
+    from eaglenest.report.common import DASH, duration as report_duration, size as report_size
+    from eaglenest.workflow.units import duration, size
+
+    assert [size(n) for n in (512, 3 * 10**6, 10**9, 1.2 * 10**12)] == ["512 B", "3.0 MB", "1.00 GB", "1.20 TB"]
+    assert [duration(s) for s in (31.46, 82, 3725)] == ["31.5 s", "0:01:22", "1:02:05"]
+    assert (report_size(10**9), report_duration(82), report_size(None), report_duration(None)) == ("1.00 GB", "0:01:22",
+                                                                                                  DASH, DASH)

@@ -154,8 +154,8 @@ def test_kubernetes_gpu_jobs_name_their_manufacturer(gpu_config, storage):
 
 
 def test_slurm_multi_node_training_builds_one_torchrun_per_node(tmp_path, gpu_config):
-    """README.md's edit for 2 nodes x 8 GPUs: the job asks SLURM for 2 nodes and 16 GPUs,
-    and the training launch made from its resources starts torchrun on each node with srun."""
+    """docs/GPUS.md's edit for 2 nodes x 8 GPUs ("Multi-node training"): the job asks SLURM for 2
+    nodes and 16 GPUs, and the training launch made from its resources starts torchrun on each node with srun."""
     settings = yaml.safe_load((REPO / "profiles/slurm/config.yaml").read_text())
     settings["set-resources"]["train_drafter"] |= {"nodes": 2, "tasks": 2, "tasks_per_gpu": 0, "mpi": "srun"}
     (tmp_path / "slurm2").mkdir()

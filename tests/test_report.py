@@ -14,6 +14,7 @@ import torch
 from eaglenest.data.vocab import vocab_map
 from eaglenest.evaluate.acceptance import acceptance, share_of_ceiling
 from eaglenest.evaluate.online import recommend
+from eaglenest.plan.plan import sample_counts
 from eaglenest.report.common import percent
 from eaglenest.report.data import (coverage_curve, coverage_table, plot_coverage, plot_sample_lengths,
                                    sample_lengths, write_coverage_table)
@@ -104,8 +105,10 @@ def test_the_sample_lengths_histogram_marks_max_seq_len_and_the_truncated(tmp_pa
     report = {"samples_in": 12, "samples_out": 9, "tokens": sum(lengths), "generated_tokens": sum(lengths) - 27,
               "truncated": 2, "rejected": {"no_generated_tokens": 3}}
     write_json(tmp_path / "report.json", report)
-    assert [list(a) for a in sample_lengths(tmp_path / "tokenized.jsonl")] == [lengths, [n - 3 for n in lengths]]
-    plot_sample_lengths(tmp_path / "tokenized.jsonl", tmp_path / "report.json", tmp_path / "lengths.svg",
+    _, _, counted = sample_counts(tmp_path / "tokenized.jsonl", 1, 0.0)  # the plan reads the samples, the report the plan
+    write_json(tmp_path / "plan.json", {"sample_lengths": counted})
+    assert [list(a) for a in sample_lengths(tmp_path / "plan.json")] == [lengths, [n - 3 for n in lengths]]
+    plot_sample_lengths(tmp_path / "plan.json", tmp_path / "report.json", tmp_path / "lengths.svg",
                         max_seq_len=64, overlong="truncate")
     text = text_of(tmp_path / "lengths.svg")
     for expected in ["Sample lengths after tokenization", "length (tokens)", "samples", "tokenize.max_seq_len = 64",
@@ -257,10 +260,10 @@ def test_the_acceptance_table_has_every_run_and_the_k_to_serve_with(tmp_path):
 
 def test_the_plan_table_gives_sizes_and_the_time_per_stage(tmp_path):
     plan = {"samples": 2000, "tokens": 107_073, "generated_tokens": 52_964, "truncated_samples": 3,
-            "hidden_states_bytes": 2**30, "free_disk_bytes": 50 * 2**30, "extraction_host_ram_bytes": 3 * 2**20,
+            "hidden_states_bytes": 10**9, "free_disk_bytes": 50 * 10**9, "extraction_host_ram_bytes": 3 * 10**6,
             "training_gpu_memory_bytes": 17_401_730, "shards": [{"samples": 1, "tokens": 2, "bytes": 3}],
             "training_memory": {"device": "cpu", "processes": 1, "bf16_autocast": False, "micro_batch_tokens": 256,
-                                "terms": {"weights": 2**20, "activations": 3 * 2**20, "peak": 17_401_730}},
+                                "terms": {"weights": 10**6, "activations": 3 * 10**6, "peak": 17_401_730}},
             "stages": [
                 {"stage": "generate", "work": 52_964, "unit": "generated tokens", "rate": 645.8,
                  "rate_source": "this run's benchmark files", "estimate_s": 82.0, "measured": True},
@@ -271,13 +274,13 @@ def test_the_plan_table_gives_sizes_and_the_time_per_stage(tmp_path):
     write_json(tmp_path / "plan.json", plan)
     write_plan_table(tmp_path / "plan.json", tmp_path / "plan.html")
     page = text_of(tmp_path / "plan.html")
-    for expected in ["samples 2,000", "tokens 107,073", "truncated samples 3", "hidden states on disk 1.0 GiB",
-                     "free disk there 50.0 GiB", "host RAM per extraction job 3.0 MiB",
-                     "training memory per process (peak) 16.6 MiB", "training runs on cpu, 1 process(es)",
+    for expected in ["samples 2,000", "tokens 107,073", "truncated samples 3", "hidden states on disk 1.00 GB",
+                     "free disk there 50.00 GB", "host RAM per extraction job 3.0 MB",
+                     "training memory per process (peak) 17.4 MB", "training runs on cpu, 1 process(es)",
                      "generate 52,964 generated tokens 646 generated tokens/s this run's benchmark files 0:01:22 (measured)",
                      "hidden_states 107,073 tokens 3,396 tokens/s earlier run in this results folder 31.5 s (estimate)",
                      "train_drafter 383,496 supervised tokens — no rate yet", "total 1 stage(s) without an estimate 0:01:54",
-                     "activations 3.0 MiB weights 1.0 MiB"]:
+                     "activations 3.0 MB weights 1.0 MB"]:
         assert expected in page, expected
 
 

@@ -5,29 +5,15 @@ extraction (held against the HF backend), training, both exports and vLLM specul
 
 import json
 
-import pytest
 import torch
-import yaml
 from transformers import AutoModelForCausalLM
 
-from conftest import REPO, merge, new_workdir, snakemake
+from conftest import SMOLLM2_PROMPTS as PROMPTS
 from eaglenest.drafter.target_head import TargetHead
 from eaglenest.states.hf import extract_shard
 from eaglenest.states.parts import read_part
 from eaglenest.states.shards import read_shard
 
-PROMPTS = 32
-CI = {  # configs/smollm2.yaml, shrunk: what the test's point does not need size for
-    # float32, as vLLM on CPU is bit-exact only there: states held to 1e-4, greedy identity exact
-    "vllm": {"dtype": "float32"},
-    "generate": {"max_tokens": 32, "num_parts": 2},
-    "vocab": {"draft_vocab_size": 512},
-    "hidden_states": {"backend": "vllm", "dtype": "float32", "num_shards": 2},  # the test computes HF's
-    "train": {"bf16": False, "epochs": 1, "tokens_per_step": 200, "max_tokens_per_batch": 1024, "heldout_fraction": 0.25},
-    "eval": {"suites": [], "temperatures": [0.0], "num_speculative_tokens": [3], "concurrency": [1],
-             "max_tokens": 32, "max_prompts": 8},
-}
-RESULTS = "results/smollm2"
 IM_END = 2  # SmolLM2's <|im_end|>
 # vLLM's states against HF's, float32: relative, per token. SmolLM2's residual stream carries massive
 # activations (|x| up to ~25,000 from layer 15 on), where one float32 ulp is 0.002, so an absolute
@@ -39,18 +25,6 @@ TOLERANCE = dict(atol=1e-4, rtol=1e-5)  # the tied head's logits against the mod
 def relative_error(x, y):
     """The largest ||x - y|| / ||y|| over rows (tokens)."""
     return ((x - y).norm(dim=-1) / y.norm(dim=-1)).max().item()
-
-
-@pytest.fixture(scope="session")
-def smollm2_run(tmp_path_factory):
-    """A workflow copy after one run of configs/smollm2.yaml with the CI overlay, target built by the workflow."""
-    workdir = new_workdir(tmp_path_factory.mktemp("smollm2"))
-    prompts = workdir / "resources/smollm2/prompts.jsonl"
-    prompts.write_text("".join(prompts.read_text().splitlines(keepends=True)[:PROMPTS]))
-    config = merge(yaml.safe_load((REPO / "configs/smollm2.yaml").read_text()), CI)
-    (workdir / "ci.yaml").write_text(yaml.safe_dump(config))
-    snakemake(workdir, "--configfile", "ci.yaml")
-    return workdir / RESULTS
 
 
 def jsonl(path):

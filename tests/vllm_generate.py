@@ -8,13 +8,14 @@ import importlib
 import json
 import sys
 
+from eaglenest.engine import eagle3_speculative_config
 from eaglenest.evaluate.online import EvalEngine
 
 
 def eval_run(target, prompts, *, drafter, num_speculative_tokens, concurrency, max_tokens, vllm):
     """One greedy run through an evaluation engine (eaglenest.evaluate.online.EvalEngine) with the
     drafter at K: generate_at's dict (token ids, finish reasons, this run's counters)."""
-    spec = {"method": "eagle3", "model": drafter, "num_speculative_tokens": num_speculative_tokens}
+    spec = eagle3_speculative_config(drafter, num_speculative_tokens)
     with EvalEngine(target, vllm, trust_remote_code=False, end_of_turn="<|im_end|>", concurrency=[concurrency],
                     seed=0, speculative_config=spec) as engine:
         return engine.run("heldout", [{"id": str(i), "prompt_token_ids": p} for i, p in enumerate(prompts)], 0.0,

@@ -1,6 +1,6 @@
 """Reading raw response records, with errors that name the file, the line and the field.
 
-Two record shapes are accepted (README "Input records", docs/CONTRACTS.md):
+Two record shapes are accepted (docs/TOKENIZATION.md "Input records", docs/CONTRACTS.md):
   canonical  {"id", "messages", "content", "finish_reason", optional "reasoning_content",
               "reasoning_closed", "temperature", "prompt_token_ids", "completion_token_ids"} (no
               reasoning fields: a response without a think block, as a target without one writes)

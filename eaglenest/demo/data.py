@@ -9,7 +9,7 @@ result it already wrote in its reasoning) and unsure on others (which phrasing c
 
 corpus.jsonl pre-trains the demo target; prompts.jsonl is what the demo asks it (its answers,
 generated in vLLM, are the drafter's data); raw_responses.jsonl is a hand-written set of
-responses covering every edge case of the record format (tests and README examples);
+responses covering every edge case of the record format (tests and docs/TOKENIZATION.md, "Input records");
 eval_chat.jsonl is the demo's own evaluation suite, unlike the training prompts.
 """
 

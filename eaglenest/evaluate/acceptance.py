@@ -50,17 +50,27 @@ def oracle_drafts(target_argmax, num_speculative_tokens):
     return [shift_left(target_argmax, k + 1, -1) for k in range(num_speculative_tokens)]
 
 
+def draft_anchors(generated):
+    """generated [B, T] bool -> [B, T] bool: the anchors t vLLM drafts from, where x_{t+1} was
+    generated and is not the last generated token (x_{t+2} was generated too)."""
+    return shift_left(generated, 1, False) & shift_left(generated, 2, False)
+
+
+def chain_matches(drafts, ids, generated):
+    """Chain drafts (per step k, [B, T]: a guess at x_{t+k+2}) on the text ids [B, T] -> [K, B, T]
+    bool: depth k's draft and every shallower one equal the text, at tokens the target generated.
+    At temperature 0 that is vLLM's acceptance; above it, the indicator (eaglenest.evaluate.expected)."""
+    hits = torch.stack([(d == shift_left(ids, k + 2, -1)) & shift_left(generated, k + 2, False)
+                        for k, d in enumerate(drafts)])
+    return hits.cumprod(0).bool()
+
+
 def chain_lengths(drafts, batch):
     """Chain drafts (per step k, [B, T] target ids) on the text of `batch` -> (anchors [B, T] bool,
-    accepted [B, T]: tokens accepted of the K drafted at anchor t, at temperature 0)."""
-    ids, generated = batch["input_ids"], batch["loss_mask"]
-    anchors = shift_left(generated, 1, False) & shift_left(generated, 2, False)
-    chain = anchors.clone()
-    lengths = torch.zeros_like(ids)
-    for k, drafted in enumerate(drafts):
-        chain &= (drafted == shift_left(ids, k + 2, -1)) & shift_left(generated, k + 2, False)
-        lengths += chain
-    return anchors, lengths
+    accepted [B, T]: tokens accepted of the K drafted at anchor t, at temperature 0; 0 elsewhere)."""
+    generated = batch["loss_mask"].bool()
+    anchors = draft_anchors(generated)
+    return anchors, (chain_matches(drafts, batch["input_ids"], generated) & anchors).sum(0)
 
 
 def served_positions(anchors, lengths):

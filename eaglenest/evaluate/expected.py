@@ -31,7 +31,8 @@ from statistics import NormalDist
 import torch
 
 from eaglenest.drafter.model import shift_left
-from eaglenest.evaluate.acceptance import acceptance_fields, chain_drafts, oracle_drafts, served_positions
+from eaglenest.evaluate.acceptance import (acceptance_fields, chain_drafts, chain_matches, draft_anchors, oracle_drafts,
+                                           served_positions)
 
 
 def shift_right(x, n, fill):
@@ -87,16 +88,14 @@ def replay(ids, generated, served_tokens, drafts, token_probs=None):
     [T], depth k's draft at every anchor t (a guess at x_{t+k+2}); token_probs(tokens [K, T]) ->
     [K, T]: the target's probability of tokens[k, s] as the token after position s."""
     served = generated & (generated.cumsum(0) <= served_tokens)
-    anchors = shift_left(served[None], 1, False)[0] & shift_left(served[None], 2, False)[0]
-    K = len(drafts)
-    verifiable = [shift_left(generated[None], k + 2, False)[0] for k in range(K)]  # x_{t+k+2} was generated
-    hits = torch.stack([(d == shift_left(ids[None], k + 2, -1)[0]) & verifiable[k] for k, d in enumerate(drafts)])
-    matched = hits.cumprod(0).bool()
+    anchors = draft_anchors(served[None])[0]
+    matched = chain_matches([d[None] for d in drafts], ids[None], generated[None])[:, 0]
     if token_probs is None:
         return anchors, matched, None
     # depth k's draft at anchor t is the token after position t+k+1: read there, moved back to t
     at_position = token_probs(torch.stack([shift_right(d, k + 1, 0) for k, d in enumerate(drafts)]))
-    probs = torch.stack([shift_left(at_position[k][None], k + 1, 0.0)[0] * verifiable[k] for k in range(K)])
+    verifiable = [shift_left(generated[None], k + 2, False)[0] for k in range(len(drafts))]  # x_{t+k+2} generated
+    probs = torch.stack([shift_left(at_position[k][None], k + 1, 0.0)[0] * verifiable[k] for k in range(len(drafts))])
     return anchors, matched, probs
 
 

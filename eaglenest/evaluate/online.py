@@ -18,8 +18,8 @@ import logging
 
 from eaglenest.data.generate import request_seed
 from eaglenest.data.tokenizer import load_tokenizer, special_token_id
-from eaglenest.engine import (EngineHolder, engine_args, generate_at, seeded_sampling_args, start_engine, vllm_cpu,
-                              worker_environment)
+from eaglenest.engine import (EngineHolder, eagle3_speculative_config, engine_args, generate_at, seeded_sampling_args,
+                              start_engine, vllm_cpu, worker_environment)
 from eaglenest.evaluate.suites import check_prompt_lengths, read_suites
 from eaglenest.workflow.atomic import atomic_path, write_json
 from eaglenest.workflow.errors import InputError
@@ -144,7 +144,7 @@ def vllm_speculative(prompt_paths, target_dir, drafter_dir, baseline_outputs, ru
     prompts = read_suites(prompt_paths, suites)
     plain = baseline_texts(baseline_outputs, max_tokens)
     exact = vllm_cpu() and vllm["dtype"] == "float32"
-    spec = {"method": "eagle3", "model": str(drafter_dir), "num_speculative_tokens": num_speculative_tokens}
+    spec = eagle3_speculative_config(drafter_dir, num_speculative_tokens)
     runs, label = [], f"K={num_speculative_tokens}"
     with EvalEngine(target_dir, vllm, trust_remote_code=trust_remote_code, end_of_turn=end_of_turn,
                     concurrency=concurrency, seed=seed, speculative_config=spec) as engine:

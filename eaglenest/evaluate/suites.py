@@ -3,7 +3,7 @@
 A suite is a set of prompts the target answers while vLLM speculates. "heldout", the training
 data's held-out split, is always one: each sample's tokens before its first generated one,
 exactly what the target was asked. Every other suite is a file of eval.suites in data.prompts'
-shape ({"id", "messages"} per line: an exported MT-Bench or GSM8K, README "Evaluation suites"),
+shape ({"id", "messages"} per line: an exported MT-Bench or GSM8K, docs/EVALUATION.md "Evaluation suites"),
 rendered by the target's chat template as tokenize renders prompts. Either way a suite becomes
 one JSONL of {"id", "prompt_token_ids", "where"} (where: the file and line it came from, for errors).
 """

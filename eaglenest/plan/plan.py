@@ -10,6 +10,7 @@ Sizes are computed, not measured: hidden_states_bytes from the shards' layout
 import json
 import logging
 import shutil
+from collections import Counter
 from pathlib import Path
 
 from eaglenest.data.samples import is_heldout
@@ -24,27 +25,30 @@ from eaglenest.train.memory import training_memory
 from eaglenest.workflow.atomic import atomic_path, write_json
 from eaglenest.workflow.device import torch_device
 from eaglenest.workflow.jsonl import read_objects
+from eaglenest.workflow.units import GB, duration, size
 
 log = logging.getLogger(__name__)
 
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
-GB = 10**9
 
 
 def sample_counts(tokenized_path, num_shards, heldout_fraction):
-    """From tokenized_data.jsonl: per shard [samples, tokens], the longest sample, and the
-    generated (loss_mask) tokens of the training split, which one epoch supervises."""
+    """From tokenized_data.jsonl, read once here for the plan and the report: per shard [samples,
+    tokens], the generated (loss_mask) tokens of the training split, which one epoch supervises,
+    and the sample lengths as {"tokens", "generated"}: [[length, samples], ...] by length."""
     shards = [[0, 0] for _ in range(num_shards)]
-    longest = supervised = 0
+    supervised, tokens, generated = 0, Counter(), Counter()
     for sample in read_objects(tokenized_path):
-        n = len(sample["input_ids"])
+        n, g = len(sample["input_ids"]), sum(sample["loss_mask"])
         shard = shards[shard_of(sample["id"], num_shards)]
         shard[0] += 1
         shard[1] += n
-        longest = max(longest, n)
+        tokens[n] += 1
+        generated[g] += 1
         if not is_heldout(sample["id"], heldout_fraction):
-            supervised += sum(sample["loss_mask"])
-    return shards, longest, supervised
+            supervised += g
+    return shards, supervised, {"tokens": sorted(map(list, tokens.items())),
+                                "generated": sorted(map(list, generated.items()))}
 
 
 def extraction_ram(largest_shard_bytes, target_dir, hidden_states):
@@ -82,7 +86,8 @@ def make_plan(tokenized_path, report, target_dir, *, results, benchmarks, hidden
     tc = target_config(target_dir)
     hidden, dtype_bytes = tc["hidden_size"], DTYPE_BYTES[hidden_states["dtype"]]
     aux = len(resolve_aux_layer_ids(hidden_states["aux_layer_ids"], tc["num_hidden_layers"]))
-    shards, longest, supervised = sample_counts(tokenized_path, hidden_states["num_shards"], train["heldout_fraction"])
+    shards, supervised, lengths = sample_counts(tokenized_path, hidden_states["num_shards"], train["heldout_fraction"])
+    longest = max((n for n, _ in lengths["tokens"]), default=0)
     per_shard = [shard_bytes(tokens, samples, hidden_size=hidden, dtype_bytes=dtype_bytes, aux_layers=aux)
                  for samples, tokens in shards]
     folder = Path(results, "hidden_states")
@@ -95,6 +100,7 @@ def make_plan(tokenized_path, report, target_dir, *, results, benchmarks, hidden
         "generated_tokens": report["generated_tokens"],
         "truncated_samples": report["truncated"],
         "longest_sample": longest,
+        "sample_lengths": lengths,
         "hidden_states_bytes": sum(per_shard),
         "hidden_states_bytes_per_token": bytes_per_token(hidden_size=hidden, dtype_bytes=dtype_bytes, aux_layers=aux),
         "hidden_states_dir": str(folder),
@@ -110,16 +116,6 @@ def make_plan(tokenized_path, report, target_dir, *, results, benchmarks, hidden
                               tokens=report["tokens"], supervised_per_epoch=supervised, epochs=train["epochs"],
                               rates=rates),
     }
-
-
-def size(n):
-    """Bytes for a person, in decimal units: MB below 1 GB, GB below 1 TB, then TB."""
-    return f"{n / 10**12:.2f} TB" if n >= 10**12 else f"{n / GB:.2f} GB" if n >= GB else f"{n / 10**6:.1f} MB"
-
-
-def duration(seconds):
-    """Seconds for a person: minutes below an hour, then hours; "unknown" without a rate."""
-    return "unknown" if seconds is None else f"{seconds / 3600:.1f} h" if seconds >= 3600 else f"{seconds / 60:.1f} min"
 
 
 def plan_markdown(plan):
@@ -148,7 +144,7 @@ def plan_markdown(plan):
         rate = f"{s['rate']:,.0f} {s['unit']}/s" if s["rate"] else "unknown"
         when = "measured" if s.get("measured") else "estimate"
         source = s["rate_source"] or "no rate yet: an earlier run or config plan.rates gives one"
-        lines.append(f"| {s['stage']} | {s['work']:,} {s['unit']} | {rate} | {source} | {duration(s['estimate_s'])} "
+        lines.append(f"| {s['stage']} | {s['work']:,} {s['unit']} | {rate} | {source} | {'unknown' if s['estimate_s'] is None else duration(s['estimate_s'])} "
                      f"({when}) |")
     return "\n".join(lines) + "\n"
 

@@ -6,7 +6,31 @@ Every time is an estimate: it assumes this run goes as fast per token as the one
 
 import csv
 import json
+import math
 from pathlib import Path
+
+
+def read_benchmark(path):
+    """The wall time `s` (seconds) and peak RSS `max_rss_mib` of a Snakemake benchmark file, or
+    None if it is absent or empty (a stage that did not run here, e.g. generation when the
+    responses came from elsewhere). A cell Snakemake could not measure ("-", "NA") is None."""
+    path = Path(path)
+    if not path.is_file():
+        return None
+    with open(path) as f:
+        rows = list(csv.DictReader(f, delimiter="\t"))
+    if not rows:
+        return None
+    row = rows[-1]  # one line per run; `--benchmark-repeats` would add more: the last one
+    return {"s": _number(row.get("s")), "max_rss_mib": _number(row.get("max_rss"))}
+
+
+def _number(cell):
+    try:
+        value = float(cell)
+    except (TypeError, ValueError):
+        return None
+    return None if math.isnan(value) else value
 
 
 def benchmark_span(files):
@@ -15,8 +39,7 @@ def benchmark_span(files):
     once (generate_part on one engine) count once. None when there are none."""
     ends, starts = [], []
     for path in files:
-        with open(path) as f:
-            seconds = float(next(csv.DictReader(f, delimiter="\t"))["s"])
+        seconds = read_benchmark(path)["s"]
         end = Path(path).stat().st_mtime
         ends.append(end)
         starts.append(end - seconds)

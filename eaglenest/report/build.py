@@ -16,13 +16,13 @@ log = logging.getLogger(__name__)
 
 def write_report_figures(inputs, outputs, benchmark_dir, *, draft_vocab_size, max_seq_len, overlong,
                          generated_here, target_source):
-    """inputs and outputs: mappings by name (the rule's named input and output). inputs: {plan, tokenized, tokenize, token_freq, coverage, manifest, train_log, check, offline,
+    """inputs and outputs: mappings by name (the rule's named input and output). inputs: {plan, tokenize, token_freq, coverage, manifest, train_log, check, offline,
     vllm, agreement} artifact paths; outputs: {plan, sample_lengths, coverage_plot, coverage_table,
     shards, training, acceptance, speed, acceptance_table, stages} file paths; benchmark_dir: the
     Snakemake benchmark files (results/benchmarks). Settings as in the config (tokenize.*,
     vocab.draft_vocab_size); generated_here / target_source: see stages.stages_table."""
     write_plan_table(inputs["plan"], outputs["plan"])
-    plot_sample_lengths(inputs["tokenized"], inputs["tokenize"], outputs["sample_lengths"],
+    plot_sample_lengths(inputs["plan"], inputs["tokenize"], outputs["sample_lengths"],
                         max_seq_len=max_seq_len, overlong=overlong)
     plot_coverage(inputs["token_freq"], outputs["coverage_plot"], draft_vocab_size=draft_vocab_size)
     write_coverage_table(inputs["token_freq"], outputs["coverage_table"], draft_vocab_size=draft_vocab_size)

@@ -13,6 +13,7 @@ import pandas as pd  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 from matplotlib.ticker import StrMethodFormatter  # noqa: E402
 
+from eaglenest.workflow import units  # noqa: E402
 from eaglenest.workflow.atomic import atomic_path  # noqa: E402
 
 # Text stays text in the SVG (searchable, sharp at any zoom); fixed ids and no date, so the same
@@ -95,23 +96,13 @@ def percent(x, digits=2):
 
 
 def duration(seconds):
-    """Seconds as h:mm:ss (or s with one decimal below a minute)."""
-    if seconds is None or pd.isna(seconds):
-        return DASH
-    if seconds < 60:
-        return f"{seconds:.1f} s"
-    minutes, s = divmod(int(round(seconds)), 60)
-    return f"{minutes // 60}:{minutes % 60:02d}:{s:02d}"
+    """A time as units.duration writes it; a dash for one not measured."""
+    return DASH if seconds is None or pd.isna(seconds) else units.duration(seconds)
 
 
-def size_bytes(n):
-    """Bytes in binary units (GiB, MiB ...)."""
-    if n is None:
-        return DASH
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(n) < 1024 or unit == "TiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
+def size(n):
+    """Bytes as units.size writes them (decimal units, docs/CONVENTIONS.md); a dash for none."""
+    return DASH if n is None else units.size(n)
 
 
 def _numeric_css(table_id, frame, numeric):
@@ -141,25 +132,3 @@ def write_tables(path, title, tables, note=None, numeric=()):
     )
     with atomic_path(path) as tmp:
         tmp.write_text(page, encoding="utf-8")
-
-
-def read_benchmark(path):
-    """The wall time (s) and peak RSS (MiB) of a Snakemake benchmark file, or None if absent
-    (a stage that did not run here, e.g. generation when the responses came from elsewhere)."""
-    path = Path(path)
-    if not path.is_file():
-        return None
-    frame = pd.read_csv(path, sep="\t")
-    if frame.empty:
-        return None
-    row = frame.iloc[-1]  # one line per run; `--benchmark-repeats` would add more: the last one
-    return {"s": _number(row.get("s")), "max_rss_mib": _number(row.get("max_rss"))}
-
-
-def _number(value):
-    """A benchmark cell as a float; None for "-", "NA" and the like (no such measurement)."""
-    try:
-        value = float(value)
-    except (TypeError, ValueError):
-        return None
-    return None if pd.isna(value) else value

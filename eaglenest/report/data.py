@@ -5,7 +5,6 @@ import numpy as np
 import pandas as pd
 from matplotlib.ticker import FuncFormatter
 
-from eaglenest.data.samples import read_tokenized
 from eaglenest.report.common import CHOSEN, count, percent, read_json, svg_figure, write_tables
 
 # Draft vocabulary sizes people pick for real targets (published EAGLE-3 drafters use about 32K)
@@ -115,13 +114,11 @@ def plot_coverage(freq_path, svg_path, *, draft_vocab_size):
         ax.legend(loc="lower right")
 
 
-def sample_lengths(tokenized_path):
-    """(tokens, generated tokens) per tokenized sample, as int arrays."""
-    lengths, generated = [], []
-    for sample in read_tokenized(tokenized_path):
-        lengths.append(len(sample["input_ids"]))
-        generated.append(sum(sample["loss_mask"]))
-    return np.array(lengths, dtype=np.int64), np.array(generated, dtype=np.int64)
+def sample_lengths(plan_path):
+    """(tokens, generated tokens) per tokenized sample, as sorted int arrays, from the plan's
+    sample_lengths (the plan read tokenized_data.jsonl: the report does not read it again)."""
+    lengths = read_json(plan_path)["sample_lengths"]
+    return tuple(np.repeat(*np.array(lengths[key], dtype=np.int64).reshape(-1, 2).T) for key in ("tokens", "generated"))
 
 
 def _truncation_text(report, max_seq_len, overlong):
@@ -133,10 +130,10 @@ def _truncation_text(report, max_seq_len, overlong):
     return "\n".join(lines)
 
 
-def plot_sample_lengths(tokenized_path, report_path, svg_path, *, max_seq_len, overlong):
-    """Histogram of sample lengths (whole sample and its generated part), with max_seq_len marked
-    and how many samples were truncated or dropped (tokenize_report.json)."""
-    lengths, generated = sample_lengths(tokenized_path)
+def plot_sample_lengths(plan_path, report_path, svg_path, *, max_seq_len, overlong):
+    """Histogram of sample lengths (whole sample and its generated part: plan.json), with
+    max_seq_len marked and how many samples were truncated or dropped (tokenize_report.json)."""
+    lengths, generated = sample_lengths(plan_path)
     report = read_json(report_path)
     top = max(max_seq_len, int(lengths.max()) if len(lengths) else 1)
     bins = np.linspace(0, top * 1.02, 51)

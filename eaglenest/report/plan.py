@@ -3,7 +3,7 @@ should take, and what the training memory is made of, as pandas tables."""
 
 import pandas as pd
 
-from eaglenest.report.common import DASH, count, duration, read_json, size_bytes, write_tables
+from eaglenest.report.common import DASH, count, duration, read_json, size, write_tables
 
 LABELS = {  # plan.json's scalars, in the order shown; any others follow under their own names
     "samples": "samples",
@@ -25,12 +25,12 @@ def _value(key, value):
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         return DASH if value is None else str(value)
     if key.endswith("_bytes"):
-        return size_bytes(value)
+        return size(value)
     return count(value) if float(value).is_integer() else f"{value:.3g}"
 
 
 def plan_totals(plan):
-    """DataFrame (quantity, value) of the plan's scalars: counts with separators, bytes in MiB/GiB;
+    """DataFrame (quantity, value) of the plan's scalars: counts with separators, bytes in MB/GB;
     with where training runs (training_memory)."""
     keys = [k for k in LABELS if k in plan]
     keys += sorted(k for k, v in plan.items() if k not in LABELS and not isinstance(v, (list, dict)))
@@ -76,9 +76,9 @@ def memory_terms(plan):
     """DataFrame (term, bytes) of the training memory model's terms, largest first (docs/MEMORY.md)."""
     terms = (plan.get("training_memory") or {}).get("terms", {})
     ordered = sorted(((k, v) for k, v in terms.items() if k != "peak"), key=lambda kv: -kv[1])
-    rows = [(k.replace("_", " "), size_bytes(v)) for k, v in ordered if v]
+    rows = [(k.replace("_", " "), size(v)) for k, v in ordered if v]
     if "peak" in terms:
-        rows.append(("peak (not the sum: terms live at different times)", size_bytes(terms["peak"])))
+        rows.append(("peak (not the sum: terms live at different times)", size(terms["peak"])))
     return pd.DataFrame(rows, columns=["term", "memory"])
 
 

@@ -5,8 +5,8 @@ from pathlib import Path
 
 import pandas as pd
 
-from eaglenest.plan.rates import benchmark_span
-from eaglenest.report.common import DASH, count, duration, percent, read_benchmark, read_json, size_bytes, write_tables
+from eaglenest.plan.rates import benchmark_span, read_benchmark
+from eaglenest.report.common import DASH, count, duration, percent, read_json, size, write_tables
 from eaglenest.report.evaluate import agreement_sentence, suite_names
 from eaglenest.report.train import read_train_log, ttt_steps
 from eaglenest.workflow.config import HELDOUT_SUITE
@@ -29,7 +29,7 @@ def _times(paths, records):
     rss = [r["max_rss_mib"] for r in records if r["max_rss_mib"] is not None]
     wall = (duration(seconds[0]) if len(records) == 1 else
             f"{duration(benchmark_span(paths))} (longest job {duration(max(seconds))})")
-    return count(len(records)), wall, size_bytes(max(rss) * 2**20) if rss else DASH
+    return count(len(records)), wall, size(max(rss) * 2**20) if rss else DASH
 
 
 def _row(stage, rules, consumed, produced, bench=((), ())):
@@ -76,8 +76,8 @@ def _plan_row(a):
     plan = a["plan"]
     known = [s["estimate_s"] for s in plan.get("stages", []) if s.get("estimate_s") is not None]
     return _row("plan", "plan", f"{count(plan.get('tokens'))} tokens of {count(plan.get('samples'))} samples",
-                f"{size_bytes(plan.get('hidden_states_bytes'))} of hidden states to write "
-                f"({size_bytes(plan.get('free_disk_bytes'))} free), {size_bytes(plan.get('training_gpu_memory_bytes'))} "
+                f"{size(plan.get('hidden_states_bytes'))} of hidden states to write "
+                f"({size(plan.get('free_disk_bytes'))} free), {size(plan.get('training_gpu_memory_bytes'))} "
                 f"training memory per process, {duration(sum(known)) if known else DASH} of stage time foreseen")
 
 
@@ -89,7 +89,7 @@ def _states_row(a, bench, manifest_path):
     tokens = sum(s["num_tokens"] for s in manifest["shards"])
     return _row("hidden states", "shard_samples, hidden_states, hidden_states_manifest",
                 f"{count(samples)} samples, the target ({manifest['num_layers']} layers)",
-                f"{count(len(manifest['shards']))} shards, {count(tokens)} tokens, {size_bytes(stored)} "
+                f"{count(len(manifest['shards']))} shards, {count(tokens)} tokens, {size(stored)} "
                 f"({manifest['dtype']}, aux layers {manifest['aux_layer_ids']})",
                 benchmarks(bench, "hidden_states/shard_*.tsv"))
 

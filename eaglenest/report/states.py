@@ -5,7 +5,8 @@ from pathlib import Path
 
 import numpy as np
 
-from eaglenest.report.common import bar_axes, read_benchmark, read_json, svg_figure
+from eaglenest.plan.rates import read_benchmark
+from eaglenest.report.common import bar_axes, read_json, svg_figure
 
 MAX_TICKS = 24  # more shards than this: no label per bar
 

@@ -14,8 +14,7 @@ from pathlib import Path
 from eaglenest.states.parts import SIZES
 from eaglenest.states.shards import shard_bytes
 from eaglenest.workflow.errors import InputError
-
-GB = 10**9
+from eaglenest.workflow.units import GB, size
 
 
 def existing_folder(path):
@@ -41,8 +40,8 @@ def check_free_disk(needed, shard_dir, margin_gb):
     free, margin = shutil.disk_usage(folder).free, int(margin_gb * GB)
     if free < needed + margin:
         raise InputError(
-            f"{folder}: {free / GB:.2f} GB free, below the {(needed + margin) / GB:.2f} GB extraction needs "
-            f"({needed / GB:.2f} GB of shards still to write, as the plan sizes them, plus the {margin_gb:g} GB "
+            f"{folder}: {size(free)} free, below the {size(needed + margin)} extraction needs "
+            f"({size(needed)} of shards still to write, as the plan sizes them, plus the {margin_gb:g} GB "
             "margin of config hidden_states.free_disk_margin_gb)"
         )
     return free

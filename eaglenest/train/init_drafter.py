@@ -15,7 +15,7 @@ from eaglenest.workflow.errors import InputError
 log = logging.getLogger(__name__)
 
 # The geometry for targets whose attention a Llama layer cannot copy (MLA, or no usable head_dim),
-# sized for the DeepSeek-V3 class (README "Drafter geometry" says why each).
+# sized for the DeepSeek-V3 class (docs/TRAINING.md "Drafter geometry" says why each).
 HEAD_DIM = 128  # served by every vLLM attention backend (FlashInfer: 64, 128, 256, 512 only)
 KV_HEADS = 8  # one KV head per GPU at tensor parallel 8 (capped to divide the heads)
 INTERMEDIATE_SIZE = 12288  # the public Kimi-K2.5 EAGLE-3 drafter's
@@ -45,7 +45,7 @@ def target_geometry(tc):
             "rope_scaling": rope_scaling,
         }
     log.info("the target's attention (MLA, or no usable head_dim) is no Llama head: default drafter geometry "
-             "(README \"Drafter geometry\"), plain RoPE theta %g; the target's rope %s is not carried over",
+             "(docs/TRAINING.md \"Drafter geometry\"), plain RoPE theta %g; the target's rope %s is not carried over",
              ROPE_THETA, rope_settings(tc))
     return shape | {
         "intermediate_size": INTERMEDIATE_SIZE,

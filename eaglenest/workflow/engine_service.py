@@ -5,7 +5,7 @@ its own Snakemake output for shard-exact staleness and kill safety, but loading 
 TP-8 vLLM engine takes minutes. So the first job of a phase starts a service holding the loaded
 engine, and every job of that phase sends it its work and waits for the result.
 
-How it lives and dies (README "One target load per phase"):
+How it lives and dies (docs/HIDDEN_STATES.md "One target load per phase"):
 - Scoped to one Snakemake run: its key holds the Snakemake process that runs the job (the owner),
   the working directory, the phase and the engine's settings. Another run, or other settings,
   get a service of their own.

@@ -23,7 +23,7 @@ import tempfile
 from pathlib import Path
 
 PACKAGE = "eaglenest"
-# How a stage runs, not what it computes: a fix here rebuilds nothing (README "Rebuilding").
+# How a stage runs, not what it computes: a fix here rebuilds nothing (docs/REBUILDING.md).
 PLUMBING = frozenset(map(Path, (
     "eaglenest/workflow/stage.py",      # logging to the rule's log, one-line errors
     "eaglenest/workflow/gpu_lease.py",  # which GPUs a job gets

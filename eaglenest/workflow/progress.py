@@ -6,13 +6,9 @@ has its own, eaglenest.engine.ProgressLog, because it must report between engine
 import logging
 import time
 
+from eaglenest.workflow.units import duration
+
 PROGRESS_EVERY_S = 30.0
-
-
-def clock(seconds):
-    """Seconds as h:mm:ss."""
-    seconds = int(seconds)
-    return f"{seconds // 3600}:{seconds // 60 % 60:02d}:{seconds % 60:02d}"
 
 
 class ProgressLines:
@@ -39,7 +35,7 @@ class ProgressLines:
         now = time.monotonic() if now is None else now
         self.last, elapsed = now, max(now - self.start, 1e-9)
         rate = (self.done - self.first) / elapsed
-        eta = clock((self.total - self.done) / rate) if rate else "?"
+        eta = duration((self.total - self.done) / rate) if rate else "?"
         extra = f", {self.work / elapsed:,.0f} {self.rate_of}/s" if self.rate_of else ""
         self.logger.log(logging.INFO, "%s: %d/%d %s, %.2f %s/s%s, elapsed %s, ETA %s", self.label, self.done,
-                        self.total, self.unit, rate, self.unit, extra, clock(elapsed), eta)
+                        self.total, self.unit, rate, self.unit, extra, duration(elapsed), eta)

@@ -4,7 +4,7 @@
 A rule's `params` are what Snakemake compares to decide a rerun, so they carry the settings that
 define its artifacts and nothing else: changing how fast or where a stage runs must not rebuild
 hours of GPU work. A stage reads the others from the config when it runs. The split, with the
-why of each, is in README "Rebuilding".
+why of each, is in docs/REBUILDING.md.
 """
 
 # Settings that change only speed or placement; results stay equal within float rounding.
