@@ -63,7 +63,7 @@ report: setup
 	@echo "report: $(CURDIR)/results/report.html (open it in a browser)"
 
 test: setup setup-cluster setup-browser
-	$(BIN)/pytest -q tests
+	$(BIN)/pytest -q --durations=50 tests
 
 lint: setup
 	$(BIN)/snakemake --lint
