@@ -62,8 +62,10 @@ report: setup
 	$(BIN)/snakemake --report results/report.html
 	@echo "report: $(CURDIR)/results/report.html (open it in a browser)"
 
+# Two workers (pytest-xdist), one test file at a time, in the order tests/conftest.py gives the
+# files: the whole-workflow runs are built once each and shared by both workers (BENCHMARKS.md).
 test: setup setup-cluster setup-browser
-	$(BIN)/pytest -q --durations=50 tests
+	$(BIN)/pytest -q -n 2 --dist loadfile --no-loadscope-reorder --durations=50 tests
 
 lint: setup
 	$(BIN)/snakemake --lint

