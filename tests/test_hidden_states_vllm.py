@@ -26,7 +26,7 @@ from safetensors import safe_open
 from eaglenest.states.hf import extract_shard, load_target
 from eaglenest.states.vllm_extract import extract_shard_vllm, stitch
 from eaglenest.states.parts import read_part
-from eaglenest.states.shards import read_shard
+from eaglenest.states.shards import STATE_KEYS, dequantize_states, quantize_fp8, read_shard
 from eaglenest.data.target import target_config
 from tiny_deepseek import build_tiny_deepseek
 
@@ -173,14 +173,34 @@ def test_tiny_deepseek_v3_layer_convention(deepseek):
     check_convention(deepseek)
 
 
-def test_empty_shard_needs_no_engine(demo_target, tmp_path):
+@pytest.mark.parametrize("dtype", ["bfloat16", "float8_e4m3fn"])
+def test_empty_shard_needs_no_engine(demo_target, tmp_path, dtype):
     path = tmp_path / "empty.safetensors"
-    stats = extract_shard_vllm(demo_target, [], path, aux_layer_ids=None, dtype="bfloat16", vllm=VLLM,
+    stats = extract_shard_vllm(demo_target, [], path, aux_layer_ids=None, dtype=dtype, vllm=VLLM,
                                trust_remote_code=False)
     assert stats == {"num_samples": 0, "num_tokens": 0}
     hf = tmp_path / "hf_empty.safetensors"
-    extract_shard(demo_target, [], hf, aux_layer_ids=None, dtype="bfloat16", device="cpu", trust_remote_code=False)
+    extract_shard(demo_target, [], hf, aux_layer_ids=None, dtype=dtype, device="cpu", trust_remote_code=False)
     assert read_shard(path) == [] and layout(path) == layout(hf)
+
+
+def test_fp8_states_are_quantized_inside_vllm_as_the_shard_writer_would(demo, tmp_path):
+    """hidden_states.dtype float8_e4m3fn on the vLLM backend: the worker quantizes each step's rows
+    where vLLM computed them (on GPUs, before the host copy: half of bf16's bytes cross) and the
+    driver stitches the scales with the rows, also across prefill chunks: the shard is bit for bit
+    the float32 states of the same engine settings quantized by the shard writer, and within e4m3's
+    precision of the HF backend's float32 states."""
+    fp8 = tmp_path / "fp8.safetensors"
+    extract_shard_vllm(demo["target"], demo["samples"], fp8, aux_layer_ids=None, dtype="float8_e4m3fn",
+                       vllm={**VLLM, "max_num_seqs": 8, "max_num_batched_tokens": STEP_BUDGET}, trust_remote_code=False)
+    keys, _ = layout(fp8)
+    assert keys["aux_hidden_states"][0] == "F8_E4M3" and keys["final_hidden_states_scale"][0] == "F32"
+    for got, vllm32, hf32 in zip(read_shard(fp8), read_shard(demo["vllm"]), read_shard(demo["hf"])):
+        for key in STATE_KEYS:
+            q, scale = quantize_fp8(vllm32[key])
+            assert torch.equal(got[key].view(torch.uint8), q.view(torch.uint8)) and torch.equal(got[f"{key}_scale"], scale)
+            back = dequantize_states(got, torch.float32)[key]
+            assert ((back - hf32[key]).norm(dim=-1) / hf32[key].norm(dim=-1)).max() <= 2**-4
 
 
 def steps_of(steps):
@@ -206,9 +226,10 @@ def test_stitch_maps_rows_to_samples_or_fails():
     # one step holds a's first chunk and b's start; then a's second chunk beside b's stray decode;
     # then a recomputation of b after a preemption (request ordinals 7 and 8: numbered by vLLM)
     steps = steps_of([[(7, [5, 6, 7], 0), (8, [1], 0)], [(8, [42], 5), (7, [8, 9], 3)], [(8, [1, 2], 0)]])
-    (aux_a, final_a), (aux_b, final_b) = stitch(steps, samples)
-    assert final_a[:, 0].tolist() == [5, 6, 7, 8, 9] and aux_a.shape == (5, 3)
-    assert final_b[:, 0].tolist() == [1, 2]
+    a, b = stitch(steps, samples)
+    assert a.keys() == b.keys() == {"aux", "final"}  # no scales: states not quantized
+    assert a["final"][:, 0].tolist() == [5, 6, 7, 8, 9] and a["aux"].shape == (5, 3)
+    assert b["final"][:, 0].tolist() == [1, 2]
     with pytest.raises(RuntimeError, match="other tokens"):
         stitch(steps_of([[(0, [5, 6, 7, 8, 9], 0), (1, [1, 3], 0)]]), samples)
     with pytest.raises(RuntimeError, match="of 5 tokens captured"):

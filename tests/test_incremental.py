@@ -93,6 +93,8 @@ def test_editing_one_sample_reextracts_only_its_shard_and_dry_run_names_it(workd
          {"hidden_states", "hidden_states_manifest"} | PLAN | DOWNSTREAM_OF_TRAINING | NEW_STATES, 3),
         ({"hidden_states": {"dtype": "bfloat16"}},
          {"hidden_states", "hidden_states_manifest"} | PLAN | DOWNSTREAM_OF_TRAINING | NEW_STATES, 3),
+        ({"hidden_states": {"dtype": "float8_e4m3fn"}},  # FP8: the same, and nothing else
+         {"hidden_states", "hidden_states_manifest"} | PLAN | DOWNSTREAM_OF_TRAINING | NEW_STATES, 3),
         ({"demo_target": {"seed": 1}}, "everything", 3),
         ({"tokenize": {"max_seq_len": 100}}, {"tokenize", "token_freq", "vocab_map", "shard_samples", "hidden_states",
                                               "hidden_states_manifest", "eval_prompts", "vllm_baseline"}

@@ -77,7 +77,7 @@ def test_the_guard_sizes_the_shards_not_yet_written_and_names_both_numbers_and_t
     shards.mkdir()
     (parts / "sizes.json").write_text(json.dumps({"records": [2, 3, 0], "tokens": [100, 200, 0]}))
     (shards / "shard_00000.safetensors").write_bytes(b"written")  # on disk: not needed again
-    geometry = dict(hidden_size=1000, dtype_bytes=2, aux_layers=3)
+    geometry = dict(hidden_size=1000, dtype="bfloat16", aux_layers=3)
     needed = disk.bytes_to_write(parts, shards, **geometry)
     assert needed == shard_bytes(200, 3, **geometry) + shard_bytes(0, 0, **geometry) == 200 * 8009 + 8 * 4 + 32 + 40  # tokens, offsets, digest; the empty shard
     monkeypatch.setattr(disk.shutil, "disk_usage", lambda path: Usage(10**12, 10**12 - 3 * 10**9, 3 * 10**9))

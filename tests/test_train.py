@@ -123,6 +123,43 @@ def test_training_lowers_loss_raises_accuracy_and_is_deterministic(data, trained
     assert (again / "config.json").read_text() == (trained / "config.json").read_text()
 
 
+@pytest.fixture(scope="module")
+def stored_as(data, tmp_path_factory):
+    """{dtype: (root, shards)}: the data fixture's samples extracted again into bf16 and FP8
+    shards (both computed in bf16 by the HF backend: they differ by the quantization alone)."""
+    root, shards = data
+    samples = [{"id": s["id"], "input_ids": s["input_ids"].tolist(), "loss_mask": s["loss_mask"].int().tolist()}
+               for shard in shards for s in read_shard(shard)]
+    out = {}
+    for dtype in ("bfloat16", "float8_e4m3fn"):
+        here = tmp_path_factory.mktemp(dtype)
+        (here / "target").symlink_to(root / "target")
+        out[dtype] = here, write_training_data(here, samples, 24, dtype=dtype, vocab_size=V, draft_vocab_size=N)
+    return out
+
+
+def test_one_drafter_evaluated_on_fp8_shards_accepts_as_on_bf16_ones(data, trained, stored_as):
+    rates = {}
+    for dtype, (root, shards) in stored_as.items():
+        metrics = evaluate_offline(shards, root / "manifest.json", trained, root / "target", root / "eval.json",
+                                   heldout_fraction=HELDOUT, num_speculative_tokens=K)
+        rates[dtype] = metrics["acceptance_rate_per_position"] + metrics["served"]["acceptance_rate_per_position"]
+    assert all(abs(a - b) <= 0.01 for a, b in zip(rates["bfloat16"], rates["float8_e4m3fn"])), rates
+
+
+def test_training_on_fp8_shards_learns_as_on_float32_ones(data, trained, stored_as):
+    """The loader carries the FP8 bytes and their scales; the step dequantizes them on its device."""
+    root, shards = stored_as["float8_e4m3fn"]
+    fp8 = train(root, shards, "fp8")
+    rows = {}
+    for name, tsv in (("float32", data[0] / "trained.tsv"), ("fp8", root / "fp8.tsv")):
+        with open(tsv) as f:
+            rows[name] = list(csv.DictReader(f, delimiter="\t"))[-1]
+    assert int(rows["fp8"]["step"]) == 100 and (fp8 / "model.safetensors").exists()
+    assert abs(float(rows["fp8"]["loss"]) / float(rows["float32"]["loss"]) - 1) <= 0.05, rows
+    assert all(abs(float(rows["fp8"][f"acc_{k}"]) - float(rows["float32"][f"acc_{k}"])) <= 0.05 for k in range(K)), rows
+
+
 def reference_lengths(ids, mask, predictions, K):
     """Plain loop: {anchor t: accepted length} for the anchors where x_{t+1} and x_{t+2} are
     generated; depth k accepted while predictions[k][t] == x_{t+k+2}, a generated token."""

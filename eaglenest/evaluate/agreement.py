@@ -34,6 +34,7 @@ from eaglenest.evaluate.agreement_states import AgreementStates, layer_misreadin
 from eaglenest.evaluate.expected import ceiling_outcomes, chain_outcomes, estimate, family_z, sample_counts
 from eaglenest.evaluate.online import recommend
 from eaglenest.states.manifest import read_manifest
+from eaglenest.states.shards import dequantize_states
 from eaglenest.drafter.target_head import TargetHead
 from eaglenest.workflow.atomic import write_json
 from eaglenest.workflow.device import torch_device
@@ -73,11 +74,11 @@ def offline_estimates(states, indices, variants, Ks, *, temperature, max_tokens,
     counts = [{K: [] for K in Ks} for _ in range(len(variants) + ceiling)]
     ticker = ProgressLines(f"agreement check, T={temperature:g}", len(indices), "samples", logger=log)
     for i in indices:
-        sample = states[i]
+        sample = dequantize_states({key: value.to(device) for key, value in states[i].items() if key != "id"},
+                                   torch.float32)  # FP8 states: dequantized on the device
         served = min(int(sample["loss_mask"].sum()), max_tokens)
-        text = {"input_ids": sample["input_ids"].to(device), "loss_mask": sample["loss_mask"].to(device),
-                "final_hidden_states": sample["final_hidden_states"]}
-        outcomes = [chain_outcomes(drafter, text | {"aux_hidden_states": sample["aux_hidden_states"][:, cols].to(device)},
+        text = {key: sample[key] for key in ("input_ids", "loss_mask", "final_hidden_states")}
+        outcomes = [chain_outcomes(drafter, text | {"aux_hidden_states": sample["aux_hidden_states"][:, cols]},
                                    served, max(Ks), head=head, temperature=temperature)
                     for (drafter, _), cols in zip(variants, columns)]
         if ceiling:

@@ -13,7 +13,7 @@ from eaglenest.drafter.target_head import TargetHead
 from eaglenest.evaluate.acceptance import (acceptance, accepted_lengths, chain_lengths, oracle_drafts, served_anchors,
                                            share_of_ceiling)
 from eaglenest.states.manifest import read_manifest
-from eaglenest.states.shards import ShardSamples, check_shards, collate, length_batches
+from eaglenest.states.shards import ShardSamples, check_shards, collate, dequantize_states, length_batches
 from eaglenest.workflow.atomic import write_json
 from eaglenest.workflow.device import torch_device
 from eaglenest.workflow.progress import ProgressLines
@@ -58,6 +58,7 @@ def evaluate_offline(
     if aux_layer_ids != list(manifest["aux_layer_ids"]):
         raise ValueError(f"drafter aux layers {aux_layer_ids} != shards' {manifest['aux_layer_ids']}")
     samples = ShardSamples(shard_paths, keep=lambda i: is_heldout(i, heldout_fraction))
+    dtype = next(drafter.parameters()).dtype
     K = num_speculative_tokens
 
     every, served, ceiling, generated = [], [], [], 0
@@ -65,7 +66,7 @@ def evaluate_offline(
     ticker = ProgressLines("offline evaluation", len(samples), "samples", logger=log, rate_of="tokens")
     for indices in length_batches(range(len(samples)), sizes, max_tokens_per_batch):
         batch = collate([samples[i] for i in indices])  # in the stored dtype: chain_drafts casts a chunk at a time
-        batch = {k: t.to(device) for k, t in batch.items()}
+        batch = dequantize_states({k: t.to(device) for k, t in batch.items()}, dtype)  # FP8: dequantized here
         anchors, lengths = accepted_lengths(drafter, batch, K)
         _, oracle = chain_lengths(oracle_drafts(head.argmax(batch["final_hidden_states"]), K), batch)
         for sample_anchors, sample_lengths, oracle_lengths in zip(anchors.tolist(), lengths.tolist(), oracle.tolist()):

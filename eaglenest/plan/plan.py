@@ -16,7 +16,7 @@ from pathlib import Path
 from eaglenest.data.samples import is_heldout
 from eaglenest.data.target import target_config, target_embedding_bytes, target_ties_embeddings
 from eaglenest.plan.rates import stage_times
-from eaglenest.states.convention import resolve_aux_layer_ids
+from eaglenest.states.convention import DTYPES, compute_dtype, resolve_aux_layer_ids
 from eaglenest.states.disk import existing_folder
 from eaglenest.states.parts import shard_of
 from eaglenest.states.shards import bytes_per_token, shard_bytes
@@ -28,9 +28,6 @@ from eaglenest.workflow.jsonl import read_objects
 from eaglenest.workflow.units import GB, duration, size
 
 log = logging.getLogger(__name__)
-
-DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
-
 
 def sample_counts(tokenized_path, num_shards, heldout_fraction):
     """From tokenized_data.jsonl, read once here for the plan and the report: per shard [samples,
@@ -54,11 +51,11 @@ def sample_counts(tokenized_path, num_shards, heldout_fraction):
 def extraction_ram(largest_shard_bytes, target_dir, hidden_states):
     """Host bytes of the process that extracts a shard (the job on HF; the hidden_states engine
     service on vLLM): the shard's states twice (the samples' rows, then the file's concatenated
-    tensors) and, on HF on the CPU, the target's weights in the states' dtype."""
+    tensors) and, on HF on the CPU, the target's weights in the dtype it computes the states in."""
     ram = 2 * largest_shard_bytes
     if hidden_states["backend"] == "hf" and hidden_states["device"] == "cpu":
         stored = sum(p.stat().st_size for p in Path(target_dir).glob("*.safetensors"))
-        ram += stored * DTYPE_BYTES[hidden_states["dtype"]] // target_embedding_bytes(target_dir)
+        ram += stored * DTYPES[compute_dtype(hidden_states["dtype"])].itemsize // target_embedding_bytes(target_dir)
     return ram
 
 
@@ -75,7 +72,7 @@ def training_process_memory(target_dir, *, hidden_states, train, drafter, draft_
         config, target_dtype_bytes=target_embedding_bytes(target_dir),
         tokens=max(train["max_tokens_per_batch"], longest), longest=longest, ttt_steps=train["ttt_steps"],
         activation_checkpointing=train["activation_checkpointing"], autocast_bf16=autocast,
-        stored_dtype_bytes=DTYPE_BYTES[hidden_states["dtype"]], tied_embeddings=target_ties_embeddings(target_dir),
+        stored_dtype_bytes=DTYPES[hidden_states["dtype"]].itemsize, tied_embeddings=target_ties_embeddings(target_dir),
         distributed=train["num_processes"] > 1, device=device)
     return terms, device, autocast
 
@@ -84,11 +81,11 @@ def make_plan(tokenized_path, report, target_dir, *, results, benchmarks, hidden
               draft_vocab_size, rates):
     """The plan as a dict (plan.json): see docs/CONTRACTS.md."""
     tc = target_config(target_dir)
-    hidden, dtype_bytes = tc["hidden_size"], DTYPE_BYTES[hidden_states["dtype"]]
+    hidden, dtype = tc["hidden_size"], hidden_states["dtype"]
     aux = len(resolve_aux_layer_ids(hidden_states["aux_layer_ids"], tc["num_hidden_layers"]))
     shards, supervised, lengths = sample_counts(tokenized_path, hidden_states["num_shards"], train["heldout_fraction"])
     longest = max((n for n, _ in lengths["tokens"]), default=0)
-    per_shard = [shard_bytes(tokens, samples, hidden_size=hidden, dtype_bytes=dtype_bytes, aux_layers=aux)
+    per_shard = [shard_bytes(tokens, samples, hidden_size=hidden, dtype=dtype, aux_layers=aux)
                  for samples, tokens in shards]
     folder = Path(results, "hidden_states")
     memory, device, autocast = training_process_memory(target_dir, hidden_states=hidden_states, train=train,
@@ -102,7 +99,7 @@ def make_plan(tokenized_path, report, target_dir, *, results, benchmarks, hidden
         "longest_sample": longest,
         "sample_lengths": lengths,
         "hidden_states_bytes": sum(per_shard),
-        "hidden_states_bytes_per_token": bytes_per_token(hidden_size=hidden, dtype_bytes=dtype_bytes, aux_layers=aux),
+        "hidden_states_bytes_per_token": bytes_per_token(hidden_size=hidden, dtype=dtype, aux_layers=aux),
         "hidden_states_dir": str(folder),
         "free_disk_bytes": shutil.disk_usage(existing_folder(folder)).free,
         "free_disk_margin_bytes": int(hidden_states["free_disk_margin_gb"] * GB),

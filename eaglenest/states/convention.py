@@ -12,7 +12,16 @@ import torch
 from eaglenest.workflow.errors import InputError
 
 FINAL_STATE_CONVENTION = "pre_norm"
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+# hidden_states.dtype: what the shards store. float8_e4m3fn is a storage format only (quantized per
+# token, eaglenest.states.shards): the HF backend computes such states in COMPUTE_DTYPE.
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16,
+          "float8_e4m3fn": torch.float8_e4m3fn}
+COMPUTE_DTYPE = {"float8_e4m3fn": "bfloat16"}
+
+
+def compute_dtype(dtype):
+    """The dtype the HF backend runs the target in for states stored in `dtype`."""
+    return COMPUTE_DTYPE.get(dtype, dtype)
 
 
 def default_aux_layer_ids(num_layers):

@@ -25,10 +25,10 @@ def existing_folder(path):
     return path
 
 
-def bytes_to_write(parts_dir, shard_dir, *, hidden_size, dtype_bytes, aux_layers):
+def bytes_to_write(parts_dir, shard_dir, *, hidden_size, dtype, aux_layers):
     """Bytes of the shards not on disk yet (this job's own included: Snakemake removed it)."""
     sizes = json.loads((Path(parts_dir) / SIZES).read_text())
-    return sum(shard_bytes(tokens, samples, hidden_size=hidden_size, dtype_bytes=dtype_bytes, aux_layers=aux_layers)
+    return sum(shard_bytes(tokens, samples, hidden_size=hidden_size, dtype=dtype, aux_layers=aux_layers)
                for index, (samples, tokens) in enumerate(zip(sizes["records"], sizes["tokens"]))
                if not (Path(shard_dir) / f"shard_{index:05d}.safetensors").exists())
 

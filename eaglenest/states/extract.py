@@ -4,7 +4,7 @@ import logging
 from pathlib import Path
 
 from eaglenest.data.target import target_config
-from eaglenest.states.convention import DTYPES, resolve_aux_layer_ids
+from eaglenest.states.convention import resolve_aux_layer_ids
 from eaglenest.states.disk import GB, bytes_to_write, check_free_disk
 from eaglenest.states.hf import extract_shard
 from eaglenest.states.parts import read_part
@@ -29,7 +29,7 @@ def extract_shard_part(part_path, target_dir, shard_path, *, backend, aux_layer_
     """
     tc = target_config(target_dir)
     needed = bytes_to_write(Path(part_path).parent, Path(shard_path).parent, hidden_size=tc["hidden_size"],
-                            dtype_bytes=DTYPES[dtype].itemsize,
+                            dtype=dtype,
                             aux_layers=len(resolve_aux_layer_ids(aux_layer_ids, tc["num_hidden_layers"])))
     free = check_free_disk(needed, Path(shard_path).parent, free_disk_margin_gb)
     log.info("disk: %.2f GB free, %.2f GB of shards still to write", free / GB, needed / GB)

@@ -11,8 +11,8 @@ import time
 import torch
 
 from eaglenest.data.target import target_config, target_is_wrapped, target_ties_embeddings, target_weight_prefix
-from eaglenest.states.convention import DTYPES, resolve_aux_layer_ids
-from eaglenest.states.shards import length_batches, write_shard
+from eaglenest.states.convention import DTYPES, compute_dtype, resolve_aux_layer_ids
+from eaglenest.states.shards import length_batches, stored, write_shard
 from eaglenest.workflow.errors import InputError
 
 log = logging.getLogger(__name__)
@@ -44,7 +44,8 @@ def text_model_config(target_dir):
 
 
 def load_target(target_dir, dtype, device, *, trust_remote_code):
-    """Load the target's text model as an HF causal LM in eval mode.
+    """Load the target's text model as an HF causal LM in eval mode, in the dtype that states
+    stored in `dtype` are computed in (convention.compute_dtype).
 
     A multimodal wrapper (Kimi-K2.5) loads as its text model alone: the config from text_config
     (text_model_config), the weights with their prefix mapped off, the vision tensors left
@@ -60,7 +61,7 @@ def load_target(target_dir, dtype, device, *, trust_remote_code):
         prefix = target_weight_prefix(target_dir)
         wrapper = {"config": config, "key_mapping": {"^" + re.escape(prefix): ""} if prefix else None}
     model, info = AutoModelForCausalLM.from_pretrained(
-        target_dir, dtype=DTYPES[dtype], trust_remote_code=trust_remote_code, output_loading_info=True, **wrapper)
+        target_dir, dtype=DTYPES[compute_dtype(dtype)], trust_remote_code=trust_remote_code, output_loading_info=True, **wrapper)
     if info["missing_keys"]:
         missing = sorted(info["missing_keys"])
         raise InputError(f"{target_dir}: the checkpoint lacks {len(missing)} of the model's weights, "
@@ -134,13 +135,10 @@ def extract_with(model, samples, shard_path, *, aux_layer_ids, dtype, batch_toke
         sequences = [torch.tensor(sample["input_ids"], dtype=torch.int64) for sample in batch]
         states = capture_batch(model, sequences, aux_layer_ids)
         for index, sample, input_ids, (aux, final) in zip(indices, batch, sequences, states):
-            rows[index] = {
-                "id": sample["id"],
-                "input_ids": input_ids,
-                "loss_mask": torch.tensor(sample["loss_mask"], dtype=torch.bool),
-                "aux_hidden_states": aux.to(DTYPES[dtype]).cpu(),
-                "final_hidden_states": final.to(DTYPES[dtype]).cpu(),
-            }
+            states = stored({"aux_hidden_states": aux, "final_hidden_states": final}, DTYPES[dtype])  # on the device
+            rows[index] = {"id": sample["id"], "input_ids": input_ids,
+                           "loss_mask": torch.tensor(sample["loss_mask"], dtype=torch.bool)}
+            rows[index] |= {key: value.cpu() for key, value in states.items()}
             tokens += len(input_ids)
         done += len(batch)
         elapsed = max(time.monotonic() - start, 1e-9)

@@ -8,6 +8,11 @@ One shard holds, for its samples concatenated along the token axis:
   final_hidden_states  dtype [T, H]   residual stream after the last layer, BEFORE the final norm
 and the sample ids as JSON in the safetensors metadata (key "sample_ids").
 
+Stored in float8_e4m3fn (config hidden_states.dtype), each of the two state tensors has a scale
+per token beside it: aux_hidden_states_scale and final_hidden_states_scale, float32 [T], the row's
+amax / 448 (e4m3's largest value), so a row is its FP8 values times its scale. Readers carry the
+FP8 bytes and their scales to the device they compute on and dequantize there (dequantize_states).
+
 A shard checks itself: it also holds content_sha256 (uint8 [32]), the sha256 of its sample ids
 and other tensors taken when it was written, which check_shard recomputes from the file. It is a
 tensor, not metadata, because safetensors writes metadata keys in a random order and shards must
@@ -24,27 +29,66 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
+from eaglenest.states.convention import DTYPES
 from eaglenest.workflow.atomic import atomic_path
 from eaglenest.workflow.errors import InputError
 
-TENSOR_KEYS = ("input_ids", "loss_mask", "aux_hidden_states", "final_hidden_states")
+STATE_KEYS = ("aux_hidden_states", "final_hidden_states")
+TENSOR_KEYS = ("input_ids", "loss_mask", *STATE_KEYS)
+SCALE_KEYS = tuple(f"{key}_scale" for key in STATE_KEYS)  # FP8 shards only
 DIGEST_KEY = "content_sha256"
+FP8 = torch.float8_e4m3fn
+FP8_MAX = torch.finfo(FP8).max  # 448
 
 
-def bytes_per_token(*, hidden_size, dtype_bytes, aux_layers=3):
-    """A token's bytes in a shard: input_ids, loss_mask, its aux and final states."""
-    return 8 + 1 + (aux_layers + 1) * hidden_size * dtype_bytes
+def bytes_per_token(*, hidden_size, dtype, aux_layers=3):
+    """A token's bytes in a shard of states stored in `dtype` (a config name, e.g. "bfloat16"):
+    input_ids, loss_mask, its aux and final states, and in FP8 their two float32 scales."""
+    scales = 4 * len(SCALE_KEYS) if DTYPES[dtype] == FP8 else 0
+    return 8 + 1 + (aux_layers + 1) * hidden_size * DTYPES[dtype].itemsize + scales
 
 
-def shard_bytes(tokens, samples, *, hidden_size, dtype_bytes, aux_layers=3):
+def shard_bytes(tokens, samples, *, hidden_size, dtype, aux_layers=3):
     """The bytes of a shard of `samples` samples and `tokens` tokens, as write_shard lays it out
     (the safetensors header and sample ids aside): the plan's hidden_states_bytes."""
-    per_token = bytes_per_token(hidden_size=hidden_size, dtype_bytes=dtype_bytes, aux_layers=aux_layers)
+    per_token = bytes_per_token(hidden_size=hidden_size, dtype=dtype, aux_layers=aux_layers)
     return tokens * per_token + 8 * (samples + 1) + 32  # offsets, content_sha256
 
 
+def quantize_fp8(states):
+    """states [..., D] in any float dtype, on any device -> (FP8 [..., D], float32 scale [...]):
+    each row divided by its amax / 448, so its largest value lands on e4m3's largest; the scale
+    is clamped away from 0, so a row of zeros stays zeros. Computed in float32 (one rounding)."""
+    scale = (states.abs().amax(-1).float() / FP8_MAX).clamp(min=torch.finfo(torch.float32).tiny)
+    return (states.float() / scale[..., None]).to(FP8), scale
+
+
+def dequantize_states(batch, dtype):
+    """`batch` (a sample or a collated batch) with each FP8 state tensor, times its scale, in
+    `dtype` and the scales dropped; states stored in another dtype are left as they are. Called
+    where the batch is computed on, so host memory and the copy there carry the FP8 bytes."""
+    out = {key: value for key, value in batch.items() if key not in SCALE_KEYS}
+    for key, scale in zip(STATE_KEYS, SCALE_KEYS):
+        if scale in batch:
+            out[key] = batch[key].to(dtype) * batch[scale].to(dtype)[..., None]
+    return out
+
+
+def stored(sample, dtype):
+    """A sample's tensors as a shard of states in torch `dtype` stores them: the states cast, or in
+    FP8 quantized with their scales (unless the backend already did, on its device)."""
+    out = dict(sample)
+    for key, scale in zip(STATE_KEYS, SCALE_KEYS):
+        if dtype != FP8:
+            out[key] = sample[key].to(dtype)
+        elif scale not in sample:
+            out[key], out[scale] = quantize_fp8(sample[key])
+    return out
+
+
 def write_shard(path, samples, *, hidden_size, dtype, aux_layers=3):
-    """Pack `samples` (dicts with "id" and TENSOR_KEYS) into one shard file, atomically.
+    """Pack `samples` (dicts with "id" and TENSOR_KEYS, and SCALE_KEYS if already quantized)
+    into one shard file of states in torch `dtype`, atomically.
 
     hidden_size and dtype give the tensor shapes of an empty shard (a shard no sample hashed to);
     aux_layers: how many layers' states aux_hidden_states concatenates (3 for a drafter's).
@@ -58,7 +102,10 @@ def write_shard(path, samples, *, hidden_size, dtype, aux_layers=3):
         "aux_hidden_states": torch.zeros(0, aux_layers * hidden_size, dtype=dtype),
         "final_hidden_states": torch.zeros(0, hidden_size, dtype=dtype),
     }
-    tensors = {key: torch.cat([empty[key]] + [s[key].to(empty[key].dtype) for s in samples]) for key in TENSOR_KEYS}
+    if dtype == FP8:
+        empty |= {scale: torch.zeros(0, dtype=torch.float32) for scale in SCALE_KEYS}
+    rows = [stored(s, dtype) for s in samples]
+    tensors = {key: torch.cat([empty[key]] + [row[key].cpu().to(empty[key].dtype) for row in rows]) for key in empty}
     tensors["offsets"] = offsets
     sample_ids = json.dumps([s["id"] for s in samples])
     digest = _content_digest(sample_ids)
@@ -144,7 +191,7 @@ class ShardSamples:
     def __getitem__(self, i):
         path, start, end, sample_id = self.index[i]
         with safe_open(path, framework="pt") as f:
-            sample = {key: f.get_slice(key)[start:end] for key in TENSOR_KEYS}
+            sample = {key: f.get_slice(key)[start:end] for key in TENSOR_KEYS + SCALE_KEYS if key in f.keys()}
         sample["id"] = sample_id
         return sample
 
@@ -161,10 +208,11 @@ def read_shard(path):
 def collate(samples):
     """Right-pad samples into one batch: input_ids [B, T], loss_mask [B, T] (False on padding),
     aux_hidden_states [B, T, 3Ht] and final_hidden_states [B, T, H] in their stored dtype (bf16
-    at scale: half the bytes of float32 to pad, pin and move; the step casts on its device)."""
+    or FP8 at scale: a half or a quarter of float32's bytes to pad, pin and move; the step casts,
+    or dequantizes with the scales [B, T] also here, on its device)."""
     T = max(len(s["input_ids"]) for s in samples)
     batch = {}
-    for key in TENSOR_KEYS:
+    for key in [key for key in samples[0] if key != "id"]:
         first = samples[0][key]
         out = torch.zeros(len(samples), T, *first.shape[1:], dtype=first.dtype)
         for i, s in enumerate(samples):

@@ -43,7 +43,7 @@ import torch
 from eaglenest.data.target import target_config
 from eaglenest.engine import EngineHolder, engine_args, start_engine, vllm_cpu, worker_environment
 from eaglenest.states.convention import DTYPES, resolve_aux_layer_ids
-from eaglenest.states.shards import write_shard
+from eaglenest.states.shards import FP8, write_shard
 from eaglenest.states.vllm_worker import WORKER_EXTENSION, unpack
 from eaglenest.workflow.errors import InputError
 
@@ -61,21 +61,29 @@ def _rank0(results):
     return answers[0]
 
 
+# a captured row's tensors (the scales: FP8 states only) and their names in a shard
+SHARD_KEYS = {"aux": "aux_hidden_states", "final": "final_hidden_states",
+              "aux_scale": "aux_hidden_states_scale", "final_scale": "final_hidden_states_scale"}
+ROW_KEYS = tuple(SHARD_KEYS)
+
+
 def request_chunks(steps):
     """Rows of forward steps (in execution order) -> {request ordinal: [chunk, ...]}: a chunk is
-    one sequence's rows of one step (positions, aux, final, input_ids), cut by the step's spans."""
+    one sequence's rows of one step (positions, input_ids, aux, final and their scales if FP8),
+    cut by the step's spans."""
     chunks = {}
     for step in steps:
         ids = step["input_ids"]
         for ordinal, a, b in step["spans"].tolist():
             chunks.setdefault(ordinal, []).append({
-                "positions": step["positions"][..., a:b], "aux": step["aux"][a:b], "final": step["final"][a:b],
-                "input_ids": None if ids is None else ids[a:b]})
+                "positions": step["positions"][..., a:b], "input_ids": None if ids is None else ids[a:b],
+                **{key: step[key][a:b] for key in ROW_KEYS if key in step}})
     return chunks
 
 
 def stitch_sample(chunks, sample):
-    """One request's chunks (in execution order) -> (aux [T, 3H], final [T, H]) of `sample`.
+    """One request's chunks (in execution order) -> {"aux": [T, 3H], "final": [T, H]} of
+    `sample`, with their scales [T] ("aux_scale", "final_scale") when the states are FP8.
 
     A chunk at position 0 starts the sample (again, after a preemption: it is recomputed); one at
     the current length continues it (a prefill chunk); one at or past the sample's end (a decode
@@ -96,18 +104,18 @@ def stitch_sample(chunks, sample):
             raise RuntimeError(f"{sample['id']}: a step starts at {start}, {filled} tokens captured")
         take = min(m, n - start)
         parts.append({key: (chunk[key][:take] if chunk[key] is not None else None)
-                      for key in ("aux", "final", "input_ids")})
+                      for key in ("input_ids", *ROW_KEYS) if key in chunk})
         filled += take
     if filled != n:
         raise RuntimeError(f"{sample['id']}: {filled} of {n} tokens captured")
     if all(p["input_ids"] is not None for p in parts):
         if torch.cat([p["input_ids"] for p in parts]).tolist() != list(sample["input_ids"]):
             raise RuntimeError(f"{sample['id']}: captured rows belong to other tokens")
-    return torch.cat([p["aux"] for p in parts]), torch.cat([p["final"] for p in parts])
+    return {key: torch.cat([p[key] for p in parts]) for key in ROW_KEYS if key in parts[0]}
 
 
 def stitch(steps, samples):
-    """Rows of forward steps, each holding one or more sequences -> per sample (aux, final).
+    """Rows of forward steps, each holding one or more sequences -> per sample stitch_sample's dict.
 
     Samples were submitted in order, so the k-th request ordinal of the group is the k-th sample
     (ordinals are consecutive: LLM.generate numbers its requests)."""
@@ -158,7 +166,8 @@ class VllmStateExtractor(EngineHolder):
                 vllm, trust_remote_code=trust_remote_code, max_model_len=self.max_model_len + 1, enforce_eager=True,
                 worker_extension_cls=WORKER_EXTENSION, **extra))
         try:
-            info = _rank0(self.llm.collective_rpc("eaglenest_start_capture", args=(self.aux_layer_ids,)))
+            info = _rank0(self.llm.collective_rpc("eaglenest_start_capture",
+                                                  args=(self.aux_layer_ids, DTYPES[dtype] == FP8)))
         except Exception:
             self.close()
             raise
@@ -192,13 +201,12 @@ class VllmStateExtractor(EngineHolder):
             num_steps += len(steps)
             unchecked += sum(step["input_ids"] is None for step in steps)
             widest = max([widest] + [len(step["spans"]) for step in steps])
-            for sample, (aux, final) in zip(group, stitch(steps, group)):
+            for sample, states in zip(group, stitch(steps, group)):
                 rows.append({
                     "id": sample["id"],
                     "input_ids": torch.tensor(sample["input_ids"], dtype=torch.int64),
                     "loss_mask": torch.tensor(sample["loss_mask"], dtype=torch.bool),
-                    "aux_hidden_states": aux.to(dtype),
-                    "final_hidden_states": final.to(dtype),
+                    **{SHARD_KEYS[key]: value for key, value in states.items()},  # write_shard casts
                 })
             done += len(group)
             tokens += sum(len(s["input_ids"]) for s in group)

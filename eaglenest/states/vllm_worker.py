@@ -35,6 +35,8 @@ eaglenest first on PYTHONPATH, for processes that see only the environment.
 
 import torch
 
+from eaglenest.states.shards import quantize_fp8
+
 WORKER_EXTENSION = "eaglenest.states.vllm_worker.HiddenStatesWorker"
 
 
@@ -68,8 +70,9 @@ class _Capture:
     when the step's first hook runs. The ordinal is the number LLM.generate gave the request (its
     id before vLLM's random suffix), so the driver maps rows to samples without guessing."""
 
-    def __init__(self, model, aux_layer_ids, runner):
+    def __init__(self, model, aux_layer_ids, runner, quantize=False):
         self.runner = runner
+        self.quantize = quantize  # FP8 with per-token scales on the device, before the host copy
         inner = _decoder(model)
         layers = inner.layers
         self.num_layers = len(layers)
@@ -115,7 +118,9 @@ class _Capture:
             if self._step is None:
                 self._step = {"positions": _to_host(positions, torch.int64), "aux": {},
                               "spans": self._spans(hidden.shape[0])}
-            self._step["aux"][k] = _to_host(stream)
+            # quantizing: kept on the device (a copy: the fused norm overwrites its inputs) until the
+            # last layer, as one scale per token covers all aux layers
+            self._step["aux"][k] = stream.clone() if self.quantize else _to_host(stream)
 
         return hook
 
@@ -136,13 +141,16 @@ class _Capture:
             raise RuntimeError("final state without aux states")
         n = step["positions"].shape[-1]
         ids, self._ids = self._ids, None
-        self.steps.append({
-            "spans": step["spans"],
-            "positions": step["positions"],
-            "input_ids": ids if ids is not None and ids.shape[0] == n else None,
-            "aux": [step["aux"][k] for k in self.aux_layer_ids],  # concatenated once the copies landed
-            "final": _to_host(stream),
-        })
+        kept = {"spans": step["spans"], "positions": step["positions"],
+                "input_ids": ids if ids is not None and ids.shape[0] == n else None}
+        aux = [step["aux"][k] for k in self.aux_layer_ids]
+        if self.quantize:  # half the bytes of bf16 cross to the host
+            (aux, aux_scale), (final, final_scale) = quantize_fp8(torch.cat(aux, dim=-1)), quantize_fp8(stream)
+            kept |= {"aux": [_to_host(aux)], "aux_scale": _to_host(aux_scale),
+                     "final": _to_host(final), "final_scale": _to_host(final_scale)}
+        else:
+            kept |= {"aux": [_to_host(a) for a in aux], "final": _to_host(stream)}  # aux concatenated once landed
+        self.steps.append(kept)
         if stream.is_cuda:
             self.pending = True
 
@@ -184,7 +192,7 @@ class HiddenStatesWorker:
     hooks the model and returns states; other ranks return None.
     """
 
-    def eaglenest_start_capture(self, aux_layer_ids):
+    def eaglenest_start_capture(self, aux_layer_ids, quantize=False):
         from vllm.distributed import get_pp_group, get_tensor_model_parallel_rank
 
         if get_pp_group().world_size != 1:
@@ -192,7 +200,7 @@ class HiddenStatesWorker:
         model = self.model_runner.get_model()
         if get_tensor_model_parallel_rank() != 0:
             return None
-        self._eaglenest_capture = _Capture(model, aux_layer_ids, self.model_runner)
+        self._eaglenest_capture = _Capture(model, aux_layer_ids, self.model_runner, quantize)
         inner = _decoder(model)
         return {"num_layers": self._eaglenest_capture.num_layers,
                 "dtype": str(next(inner.parameters()).dtype).removeprefix("torch.")}

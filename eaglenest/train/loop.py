@@ -31,7 +31,7 @@ from eaglenest.data.target import target_architectures, target_dtype
 from eaglenest.data.vocab import load_vocab
 from eaglenest.drafter.export import write_drafter
 from eaglenest.states.manifest import read_manifest
-from eaglenest.states.shards import ShardSamples, check_shards, collate
+from eaglenest.states.shards import ShardSamples, check_shards, collate, dequantize_states
 from eaglenest.train.batches import epoch_steps, rank_rounds, step_normalisers
 from eaglenest.train.init_drafter import new_drafter
 from eaglenest.train.launch import launch_workers
@@ -259,7 +259,8 @@ def optimizer_step(run, step, turns, bf16, ttt_steps, step_weight_decay, max_gra
     accumulate (DDP all-reduces once, at the last), each loss normalised over the whole step
     (loss.soft_ce_loss). -> the step's weighted loss, step losses and accuracies (all ranks').
 
-    The hidden states cross to the device in their stored dtype (bf16 at scale). Under bf16
+    The hidden states cross to the device in their stored dtype (bf16 or FP8 at scale; FP8 is
+    dequantized there, to bf16 under autocast, to float32 without). Under bf16
     autocast they stay so: the drafter's fc and the target head cast them to bf16 and to the
     target's dtype, just as from float32 (the values are the same), and a float32 copy would
     double their device memory. Without autocast they go float32 there, the drafter's dtype."""
@@ -268,6 +269,7 @@ def optimizer_step(run, step, turns, bf16, ttt_steps, step_weight_decay, max_gra
     run.optimizer.zero_grad(set_to_none=True)
     for i, (real, batch) in enumerate(turns):
         batch = {key: t.to(run.device, non_blocking=True) for key, t in batch.items()}
+        batch = dequantize_states(batch, torch.bfloat16 if bf16 else torch.float32)  # FP8 states: here, on the device
         if not bf16:
             batch.update({key: t.float() for key, t in batch.items() if t.is_floating_point()})
         if not real:
