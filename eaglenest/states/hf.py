@@ -135,10 +135,10 @@ def extract_with(model, samples, shard_path, *, aux_layer_ids, dtype, batch_toke
         sequences = [torch.tensor(sample["input_ids"], dtype=torch.int64) for sample in batch]
         states = capture_batch(model, sequences, aux_layer_ids)
         for index, sample, input_ids, (aux, final) in zip(indices, batch, sequences, states):
-            states = stored({"aux_hidden_states": aux, "final_hidden_states": final}, DTYPES[dtype])  # on the device
+            kept = stored({"aux_hidden_states": aux, "final_hidden_states": final}, DTYPES[dtype])  # on the device
             rows[index] = {"id": sample["id"], "input_ids": input_ids,
                            "loss_mask": torch.tensor(sample["loss_mask"], dtype=torch.bool)}
-            rows[index] |= {key: value.cpu() for key, value in states.items()}
+            rows[index] |= {key: value.cpu() for key, value in kept.items()}
             tokens += len(input_ids)
         done += len(batch)
         elapsed = max(time.monotonic() - start, 1e-9)

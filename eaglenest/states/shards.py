@@ -177,10 +177,12 @@ class ShardSamples:
 
     def __init__(self, shard_paths, keep=lambda sample_id: True):
         self.index = []  # (path, start, end, sample id)
+        self.keys = {}  # path -> the sample tensors it holds (the scales in FP8 shards)
         for path in shard_paths:
             with safe_open(str(path), framework="pt") as f:
                 ids = json.loads(f.metadata()["sample_ids"])
                 offsets = f.get_tensor("offsets").tolist()
+                self.keys[str(path)] = [key for key in TENSOR_KEYS + SCALE_KEYS if key in f.keys()]
             for i, sample_id in enumerate(ids):
                 if keep(sample_id):
                     self.index.append((str(path), offsets[i], offsets[i + 1], sample_id))
@@ -191,7 +193,7 @@ class ShardSamples:
     def __getitem__(self, i):
         path, start, end, sample_id = self.index[i]
         with safe_open(path, framework="pt") as f:
-            sample = {key: f.get_slice(key)[start:end] for key in TENSOR_KEYS + SCALE_KEYS if key in f.keys()}
+            sample = {key: f.get_slice(key)[start:end] for key in self.keys[path]}
         sample["id"] = sample_id
         return sample
 

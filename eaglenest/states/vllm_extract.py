@@ -43,7 +43,7 @@ import torch
 from eaglenest.data.target import target_config
 from eaglenest.engine import EngineHolder, engine_args, start_engine, vllm_cpu, worker_environment
 from eaglenest.states.convention import DTYPES, resolve_aux_layer_ids
-from eaglenest.states.shards import FP8, write_shard
+from eaglenest.states.shards import FP8, SCALE_KEYS, STATE_KEYS, write_shard
 from eaglenest.states.vllm_worker import WORKER_EXTENSION, unpack
 from eaglenest.workflow.errors import InputError
 
@@ -61,10 +61,9 @@ def _rank0(results):
     return answers[0]
 
 
-# a captured row's tensors (the scales: FP8 states only) and their names in a shard
-SHARD_KEYS = {"aux": "aux_hidden_states", "final": "final_hidden_states",
-              "aux_scale": "aux_hidden_states_scale", "final_scale": "final_hidden_states_scale"}
-ROW_KEYS = tuple(SHARD_KEYS)
+# a captured row's tensors (the scales: FP8 states only), and their names in a shard
+ROW_KEYS = ("aux", "final", "aux_scale", "final_scale")
+SHARD_KEYS = dict(zip(ROW_KEYS, STATE_KEYS + SCALE_KEYS))
 
 
 def request_chunks(steps):
