@@ -4,8 +4,9 @@ says for Kimi-K2.5 on one 96 GB GPU.
 Measured: one training micro-step on CPU, in a fresh process per size, of real pieces with small
 random weights: a target written to a temp dir (config.json and model.safetensors: embed_tokens,
 norm, an untied lm_head, bf16), its TargetHead, the drafter new_drafter makes for it (geometry from
-make_drafter_config: the target's own attention and MLP), AdamW over its trainable parameters as
-start_run builds it, and a micro-batch as collate gives it (random states, stored bf16). The step
+make_drafter_config: the target's own attention and MLP; the norm flags a size asks for), its
+optimizers as start_run builds them (AdamW, or Muon and AdamW; lm_head frozen where a size says
+so), and a micro-batch as collate gives it (random states, stored bf16). The step
 is the loop's (eaglenest.train.loop.optimizer_step): the cast of the states to float32,
 ttt_loss (TargetHead.distribution, Drafter.forward with K = 3, the soft CE), backward, gradient
 clipping, AdamW's step. One such step runs first (it makes AdamW's moments and warms the kernels
@@ -56,6 +57,10 @@ TEST_SIZES = [
          autocast=True),
     dict(hidden=256, heads=16, intermediate=688, target_vocab=8000, draft_vocab=500, samples=1, longest=1024,
          checkpointing=True),
+    dict(hidden=256, heads=4, intermediate=688, target_vocab=8000, draft_vocab=2000, samples=2, longest=1024,
+         norms=True, optimizer="muon", train_lm_head=False),
+    dict(hidden=384, heads=6, intermediate=1024, target_vocab=32000, draft_vocab=8000, samples=3, longest=512,
+         autocast=True, norms=True, optimizer="muon"),
 ]
 MORE_SIZES = [
     dict(hidden=256, heads=4, intermediate=688, target_vocab=8000, draft_vocab=2000, samples=1, longest=4096),
@@ -75,8 +80,15 @@ GPU_BYTES, MARGIN = 96 * GB, 0.10
 
 
 def size_defaults(size):
-    """A size with every field: 64-dim heads, 2 KV heads, float32 compute, fresh gradients."""
-    return dict(head_dim=64, kv_heads=2, checkpointing=False, autocast=False, accumulate=False) | size
+    """A size with every field: 64-dim heads, 2 KV heads, float32 compute, fresh gradients, the
+    norm flags off (norms: norm_before_fc and norm_output on), AdamW, lm_head trained."""
+    return dict(head_dim=64, kv_heads=2, checkpointing=False, autocast=False, accumulate=False, norms=False,
+                optimizer="adamw", train_lm_head=True) | size
+
+
+def norm_flags(size):
+    """The DrafterConfig norm flags of a size."""
+    return {"norm_before_residual": False, "norm_before_fc": size["norms"], "norm_output": size["norms"]}
 
 
 def write_target(root, size):
@@ -104,6 +116,7 @@ def build(root, size):
 
     from eaglenest.states.convention import FINAL_STATE_CONVENTION
     from eaglenest.train.init_drafter import new_drafter
+    from eaglenest.train.optim import build_optimizers
     from eaglenest.drafter.target_head import TargetHead
 
     config = write_target(root, size)
@@ -113,12 +126,13 @@ def build(root, size):
     t2d[torch.randperm(V, generator=torch.Generator().manual_seed(1))[:N]] = True
     d2t = t2d.nonzero().squeeze(1) - torch.arange(N)
     manifest = {"hidden_size": H, "aux_layer_ids": [1, 4, 6], "final_state": FINAL_STATE_CONVENTION}
-    drafter = new_drafter(root, manifest, d2t, t2d, head, seed=0)
+    drafter = new_drafter(root, manifest, d2t, t2d, head, seed=0, geometry=norm_flags(size))
     assert drafter.config == drafter_config(size, config["max_position_embeddings"])  # what the model is given
     drafter.activation_checkpointing = size["checkpointing"]
     drafter.train()
-    optimizer = torch.optim.AdamW([p for p in drafter.parameters() if p.requires_grad], lr=1e-4, betas=(0.9, 0.95),
-                                  weight_decay=0.0)
+    drafter.lm_head.weight.requires_grad_(size["train_lm_head"])
+    optimizer = build_optimizers(drafter, optimizer=size["optimizer"], lr=1e-4, weight_decay=0.0, muon_lr=None,
+                                 muon_weight_decay=0.1, warmup=0, total_steps=10, schedule="cosine")
     B, T = size["samples"], size["longest"]
     g = torch.Generator().manual_seed(2)
     batch = {"input_ids": torch.randint(0, V, (B, T), generator=g), "loss_mask": torch.ones(B, T, dtype=torch.bool),
@@ -160,7 +174,7 @@ def measure(size):
         drafter, head, optimizer, batch = build(Path(tmp), size)
     training_step(drafter, head, optimizer, batch, size)  # AdamW's moments, the kernels warmed up
     if not size["accumulate"]:
-        optimizer.zero_grad(set_to_none=True)
+        optimizer.zero_grad()
     gc.collect()
     Path("/proc/self/clear_refs").write_text("5")  # VmHWM := VmRSS
     base, start = kb("VmRSS"), time.perf_counter()
@@ -185,7 +199,7 @@ def drafter_config(size, max_position_embeddings=8192):
     return DrafterConfig(target_vocab_size=s["target_vocab"], draft_vocab_size=s["draft_vocab"], hidden_size=s["hidden"],
                          target_hidden_size=s["hidden"], intermediate_size=s["intermediate"],
                          num_attention_heads=s["heads"], num_key_value_heads=s["kv_heads"], head_dim=s["head_dim"],
-                         aux_layer_ids=[1, 4, 6], max_position_embeddings=max_position_embeddings)
+                         aux_layer_ids=[1, 4, 6], max_position_embeddings=max_position_embeddings, **norm_flags(s))
 
 
 def modelled_step(size):
@@ -196,7 +210,8 @@ def modelled_step(size):
     m = training_memory(drafter_config(s), target_dtype_bytes=2, tokens=s["samples"] * s["longest"],
                         longest=s["longest"], ttt_steps=K, activation_checkpointing=s["checkpointing"],
                         autocast_bf16=s["autocast"], chunk_tokens=4096, stored_dtype_bytes=2,
-                        accumulating=s["accumulate"], device="cpu")
+                        accumulating=s["accumulate"], device="cpu", optimizer=s["optimizer"],
+                        train_lm_head=s["train_lm_head"])
     held = sum(m[key] for key in (*BETWEEN_STEPS, "batch_stored")) + (m["gradients"] if s["accumulate"] else 0)
     moment = max((key for key in m if key.startswith("at_")), key=m.get)
     return m["peak"] - held, moment.removeprefix("at_")

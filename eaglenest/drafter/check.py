@@ -14,7 +14,7 @@ import torch
 from safetensors.torch import load_file
 
 from eaglenest.data.target import target_architectures, target_config
-from eaglenest.drafter.load import read_checkpoint
+from eaglenest.drafter.load import NORM_FLAGS, read_checkpoint
 from eaglenest.states.manifest import read_manifest
 from eaglenest.workflow.atomic import write_json
 from eaglenest.workflow.errors import InputError
@@ -58,8 +58,11 @@ def drafter_problems(drafter_dir, manifest, d2t, t2d, target_dir):
             f"eagle_aux_hidden_state_layer_ids {aux} differ from the hidden states' {manifest['aux_layer_ids']} "
             "(vLLM's convention: id k = the input of layer k; SGLang's ids are one lower)"
         )
-    if not isinstance(config.get("norm_before_residual"), bool):
-        problems.append("norm_before_residual is not written (vLLM defaults it to True for this format)")
+    for flag in NORM_FLAGS:  # vLLM reads an unwritten one as its default, whatever training used
+        if not isinstance(config.get(flag), bool):
+            problems.append(f"{flag} is not written as true or false (vLLM would read its default, {NORM_FLAGS[flag]})")
+    if config.get("norm_before_fc") and tuple(getattr(weights.get("input_norm.weight"), "shape", ())) != (3 * H,):
+        problems.append(f"norm_before_fc is true but input_norm.weight is not a [{3 * H}] tensor")
     if layer.get("vocab_size") != V or config.get("target_hidden_size") != H:
         problems.append(
             f"vocab/hidden size {layer.get('vocab_size')}/{config.get('target_hidden_size')} differ from the target's {V}/{H}"

@@ -5,7 +5,9 @@ Every config key below is read by vLLM's loaders (checked against vllm 0.32):
 `transformers_utils/configs/speculators/algos.py::update_eagle3` (speculators format) and
 `model_executor/models/llama_eagle3.py` (both formats), where the defaults differ:
 `norm_before_residual` defaults to True for the speculators format but to False for the
-EAGLE/SGLang format, so we always write it. The RoPE, scaling included, goes in the layer's
+EAGLE/SGLang format, so we always write it, and `norm_before_fc` and `norm_output` beside it
+(both False by default in both; vLLM reads `norm_before_fc` from the EAGLE format's
+`eagle_config` first, so it is written there too). The RoPE, scaling included, goes in the layer's
 `rope_parameters` (what vLLM's `get_rope` reads); the EAGLE format adds SGLang's `rope_theta`
 and `rope_scaling`.
 """
@@ -47,6 +49,8 @@ def speculators_config(c, *, verifier_name_or_path, verifier_architectures, spec
         "target_hidden_size": c.target_hidden_size,
         "eagle_aux_hidden_state_layer_ids": list(c.aux_layer_ids),
         "norm_before_residual": c.norm_before_residual,
+        "norm_before_fc": c.norm_before_fc,
+        "norm_output": c.norm_output,
         "speculators_config": {
             "algorithm": "eagle3",
             "default_proposal_method": "greedy",
@@ -115,8 +119,11 @@ def eagle_config(speculators):
         "draft_vocab_size": speculators["draft_vocab_size"],
         "target_hidden_size": speculators["target_hidden_size"],
         "norm_before_residual": speculators["norm_before_residual"],
+        "norm_before_fc": speculators["norm_before_fc"],
+        "norm_output": speculators["norm_output"],
         "eagle_config": {
             "use_aux_hidden_state": True,
+            "norm_before_fc": speculators["norm_before_fc"],
             "eagle_aux_hidden_state_layer_ids": speculators["eagle_aux_hidden_state_layer_ids"],
         },
     }

@@ -11,7 +11,10 @@ from eaglenest.data.target import rope_settings
 from eaglenest.drafter.model import Drafter, DrafterConfig
 
 # Options of vLLM's Eagle3 Llama drafter that ours does not implement: refuse, not ignore.
-UNSUPPORTED_FLAGS = ("norm_before_fc", "fc_norm", "norm_output", "attention_bias", "mlp_bias")
+UNSUPPORTED_FLAGS = ("fc_norm", "attention_bias", "mlp_bias")
+# The norm flags ours implements (DrafterConfig), with vLLM 0.32's default for the speculators
+# format when the key is missing (update_eagle3); the EAGLE format defaults all three to False.
+NORM_FLAGS = {"norm_before_residual": True, "norm_before_fc": False, "norm_output": False}
 
 
 def _read_weights(directory):
@@ -43,12 +46,13 @@ def read_checkpoint(path):
             raise ValueError(f"not an EAGLE-3 drafter: {config['speculators_model_type']}")
         layer = config["transformer_layer_config"]
         flags = {**layer, **config}
-        norm_before_residual = config.get("norm_before_residual", True)
+        norms = {flag: config.get(flag, default) for flag, default in NORM_FLAGS.items()}
         aux_layer_ids = config.get("eagle_aux_hidden_state_layer_ids")
     else:
         layer = flags = config
-        norm_before_residual = config.get("norm_before_residual", False)
         eagle_config = config.get("eagle_config") or {}
+        norms = {flag: config.get(flag, False) for flag in NORM_FLAGS}
+        norms["norm_before_fc"] = eagle_config.get("norm_before_fc", norms["norm_before_fc"])  # vLLM: eagle_config's first
         aux_layer_ids = eagle_config.get("eagle_aux_hidden_state_layer_ids") or config.get(
             "eagle_aux_hidden_state_layer_ids"
         )
@@ -80,7 +84,7 @@ def read_checkpoint(path):
         rope_theta=rope_theta,
         rope_scaling=rope_scaling,
         max_position_embeddings=layer.get("max_position_embeddings", 32768),
-        norm_before_residual=bool(norm_before_residual),
+        **{flag: bool(value) for flag, value in norms.items()},
     )
 
     state = {name.replace("midlayer.", "layers.0."): t for name, t in _read_weights(path).items()}

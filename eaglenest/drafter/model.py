@@ -3,6 +3,7 @@
 Mirrors vLLM's `Eagle3LlamaForCausalLM` (vllm/model_executor/models/llama_eagle3.py):
 
     h_0      = fc(cat[aux states of the target])                       [*, 3Ht] -> [*, H]
+               fc(input_norm(cat[...]))  (norm_before_fc=True: one RMSNorm over all 3Ht)
     one step (token x, hidden h, rotary position p):
       e        = input_layernorm(embed_tokens(x))
       residual = h              (norm_before_residual=False: EAGLE/SGLang)
@@ -12,7 +13,8 @@ Mirrors vLLM's `Eagle3LlamaForCausalLM` (vllm/model_executor/models/llama_eagle3
       out      = r + mlp(post_attention_layernorm(r))                  the PRE-norm output
       logits   = lm_head(norm(out))                                    [*, N] draft vocab
     the next step gets h = out: vLLM's LlamaModel returns (norm(out), out) and the proposer
-    feeds the second one back (`aux_output = hidden_prenorm` unless `norm_output`).
+    feeds the second one back (`aux_output = hidden_prenorm`), or h = norm(out) (norm_output=True).
+The three norm flags are the "EAGLE 3.1" variants vLLM reads from both export formats.
 
 Parameter and buffer names are the speculators weight names, so export is a state_dict save.
 RoPE is computed as vLLM computes it for the drafter's Llama layer (`get_rope`): plain, YaRN or
@@ -44,6 +46,8 @@ class DrafterConfig:
     rope_scaling: dict | None = None  # None: plain RoPE; else {"rope_type": "yarn" | "llama3", ...} (checked_rope_scaling)
     max_position_embeddings: int = 32768
     norm_before_residual: bool = False
+    norm_before_fc: bool = False  # an RMSNorm (input_norm) over the 3 aux states fc reads
+    norm_output: bool = False  # the next step reads the normed output, not the pre-norm one
 
     def __post_init__(self):
         self.rope_scaling = checked_rope_scaling(self.rope_scaling, self.max_position_embeddings)
@@ -342,6 +346,8 @@ class Drafter(nn.Module):
         c = self.config = config
         self.embed_tokens = nn.Embedding(c.target_vocab_size, c.hidden_size)
         self.embed_tokens.weight.requires_grad_(False)  # the target's, frozen
+        if c.norm_before_fc:
+            self.input_norm = RMSNorm(3 * c.target_hidden_size, c.rms_norm_eps)
         self.fc = nn.Linear(3 * c.target_hidden_size, c.hidden_size, bias=False)  # 3 aux states
         self.layers = nn.ModuleList([DecoderLayer(c)])
         self.norm = RMSNorm(c.hidden_size, c.rms_norm_eps)
@@ -353,15 +359,24 @@ class Drafter(nn.Module):
     def draft_to_target(self, draft_ids):
         return draft_ids + self.d2t[draft_ids]
 
+    def fuse(self, aux_hidden_states):
+        """The first hidden state: aux [*, 3Ht] -> fc(aux) [*, H], input_norm first when
+        norm_before_fc. No cast: under autocast fc casts, and a float32 copy of bf16 states
+        would double their memory."""
+        aux = aux_hidden_states
+        return self.fc(self.input_norm(aux) if self.config.norm_before_fc else aux)
+
     def step(self, input_ids, hidden, positions, attend):
         """One draft step: input_ids [B, T], hidden [B, T, H] at `positions`
-        -> (logits [B, T, N], the pre-norm output [B, T, H] that the next step reads)."""
+        -> (logits [B, T, N], the output [B, T, H] that the next step reads: pre-norm, or
+        normed when norm_output)."""
         embeds = self.embed_tokens(input_ids).to(self.fc.weight.dtype)  # the frozen embedding is in the target's dtype
         if self.activation_checkpointing and torch.is_grad_enabled():
             out = checkpoint(self.layers[0], embeds, hidden, positions, attend, use_reentrant=False)
         else:
             out = self.layers[0](embeds, hidden, positions, attend)
-        return self.lm_head(self.norm(out)), out
+        normed = self.norm(out)
+        return self.lm_head(normed), normed if self.config.norm_output else out
 
     def forward(self, input_ids, aux_hidden_states, num_steps):
         """Training-time test: `num_steps` chained draft steps at every anchor t at once.
@@ -373,7 +388,7 @@ class Drafter(nn.Module):
         """
         T = input_ids.shape[1]
         positions = torch.arange(T, device=input_ids.device)
-        hidden = self.fc(aux_hidden_states)  # [B, T, H]
+        hidden = self.fuse(aux_hidden_states)  # [B, T, H]
         keys, values = [None] * num_steps, [None] * num_steps  # step s's [B, T, nkv, D], after RoPE
         logits = []
         for k in range(num_steps):

@@ -27,7 +27,7 @@ def chain_drafts(drafter, ids, aux, num_speculative_tokens, chunk=ANCHOR_CHUNK):
     positions, cache = torch.arange(ids.shape[1], device=ids.device), []
     for start in range(0, ids.shape[1], chunk):
         span = slice(start, start + chunk)
-        hidden = drafter.fc(aux[:, span].to(drafter.fc.weight.dtype))
+        hidden = drafter.fuse(aux[:, span].to(drafter.fc.weight.dtype))
         attend = cached_attend(cache, start)
         for k in range(num_speculative_tokens):
             logits, hidden = drafter.step(reads[k][:, span], hidden, positions[span] + k, attend)

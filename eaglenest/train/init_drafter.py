@@ -20,6 +20,8 @@ HEAD_DIM = 128  # served by every vLLM attention backend (FlashInfer: 64, 128, 2
 KV_HEADS = 8  # one KV head per GPU at tensor parallel 8 (capped to divide the heads)
 INTERMEDIATE_SIZE = 12288  # the public Kimi-K2.5 EAGLE-3 drafter's
 ROPE_THETA = 1e6  # plain RoPE; its slowest wavelength spans far more than the context
+# The norm flags of every new drafter, unless config drafter: sets one (docs/TRAINING.md "Recipe")
+NORM_DEFAULTS = {"norm_before_residual": False, "norm_before_fc": False, "norm_output": False}
 
 
 def target_geometry(tc):
@@ -33,7 +35,7 @@ def target_geometry(tc):
         "num_attention_heads": heads,
         "rms_norm_eps": tc.get("rms_norm_eps", 1e-6),
         "max_position_embeddings": tc.get("max_position_embeddings", 32768),
-        "norm_before_residual": False,
+        **NORM_DEFAULTS,
     }
     if tc.get("kv_lora_rank") is None and (tc.get("head_dim") or hidden_size % heads == 0):
         rope_theta, rope_scaling = rope_settings(tc)

@@ -16,7 +16,6 @@ import dataclasses
 import functools
 import itertools
 import logging
-import math
 import shutil
 import time
 from pathlib import Path
@@ -36,6 +35,7 @@ from eaglenest.train.batches import epoch_steps, rank_rounds, step_normalisers
 from eaglenest.train.init_drafter import new_drafter
 from eaglenest.train.launch import launch_workers
 from eaglenest.train.loss import global_sum, step_means, ttt_loss
+from eaglenest.train.optim import Optimizers, build_optimizers
 from eaglenest.train.resume import CHECKPOINT, read_resume_checkpoint, restore_loop_state, run_key, save_loop_state
 from eaglenest.drafter.target_head import TargetHead
 from eaglenest.workflow.atomic import atomic_dir, atomic_path, write_json
@@ -64,8 +64,7 @@ class Run:
     drafter: torch.nn.Module
     head: TargetHead
     samples: ShardSamples
-    optimizer: torch.optim.Optimizer
-    scheduler: torch.optim.lr_scheduler.LRScheduler
+    optimizer: Optimizers  # with their learning-rate schedules
     device: torch.device
     rank: int
     world_size: int
@@ -90,14 +89,6 @@ def supervision(samples, ttt_steps):
     return supervised, counts
 
 
-def lr_factor(step, warmup, total_steps):
-    """Linear warmup over `warmup` steps, then cosine decay to 0 at `total_steps`."""
-    if step < warmup:
-        return (step + 1) / warmup
-    progress = (step - warmup) / max(total_steps - warmup, 1)
-    return 0.5 * (1 + math.cos(math.pi * min(progress, 1.0)))
-
-
 def log_columns(ttt_steps):
     """The training log's columns."""
     losses = [f"loss_{k}" for k in range(ttt_steps)] + [f"acc_{k}" for k in range(ttt_steps)]
@@ -115,9 +106,10 @@ def write_tsv(path, columns, rows):
 
 def train_drafter(shard_paths, manifest_path, d2t_path, t2d_path, target_dir, out_dir, log_path, *, seed, ttt_steps,
                   step_weight_decay=0.8, epochs=1, max_steps=None, max_tokens_per_batch=8192,
-                  tokens_per_step=8192, lr=1e-4, warmup=0, heldout_fraction=0.0, init_from=None,
-                  drafter_geometry=None, max_grad_norm=0.5, log_every=10, verifier_name_or_path=None,
-                  export_dtype=None, num_workers=0, pin_memory=False, activation_checkpointing=False, bf16=None,
+                  tokens_per_step=8192, lr=1e-4, warmup=0, schedule="cosine", optimizer="adamw", weight_decay=0.0,
+                  muon_lr=None, muon_weight_decay=0.1, max_grad_norm=0.5, supervise="in_draft_vocab",
+                  train_lm_head=True, heldout_fraction=0.0, init_from=None, drafter_geometry=None, log_every=10,
+                  verifier_name_or_path=None, export_dtype=None, num_workers=0, pin_memory=False, activation_checkpointing=False, bf16=None,
                   device=None, trained_config_path=None, resume_dir=None, checkpoint_every=50, num_processes=1,
                   nnodes=1, launcher=""):
     """Train a drafter; write it to out_dir (speculators format) and a TSV log, atomically.
@@ -132,6 +124,12 @@ def train_drafter(shard_paths, manifest_path, d2t_path, t2d_path, target_dir, ou
     losses and the step accuracies (draft argmax = target argmax). Deterministic for a seed on
     CPU. `trained_config_path`: where to write the DrafterConfig as trained (JSON), what the
     pre-flight check and evaluate_vllm hold the export and vLLM's reading of it against.
+
+    The recipe (docs/TRAINING.md "Recipe"): `optimizer` adamw, or muon (with `muon_lr`, None:
+    10 × lr, and `muon_weight_decay`) for the hidden matrices and AdamW (`weight_decay`) for the
+    rest (eaglenest.train.optim); `schedule` cosine or linear after `warmup` steps; gradients
+    clipped to `max_grad_norm`; `supervise` in_draft_vocab (positions whose target argmax the
+    draft vocab holds) or all (every generated one); `train_lm_head` False keeps the target's rows.
 
     `resume_dir`: a directory of training's own (deleted on success). Every checkpoint_every
     steps the loop state goes there; a rerun of the same run (see run_key) resumes from it and
@@ -153,20 +151,22 @@ def train_drafter(shard_paths, manifest_path, d2t_path, t2d_path, target_dir, ou
     run = start_run(shard_paths, manifest, d2t_path, t2d_path, target_dir, distributed, seed=seed,
                     ttt_steps=ttt_steps, epochs=epochs, max_steps=max_steps,
                     max_tokens_per_batch=max_tokens_per_batch, tokens_per_step=tokens_per_step, lr=lr,
-                    warmup=warmup, heldout_fraction=heldout_fraction, init_from=init_from,
-                    drafter_geometry=drafter_geometry, device=device)
+                    warmup=warmup, schedule=schedule, optimizer=optimizer, weight_decay=weight_decay,
+                    muon_lr=muon_lr, muon_weight_decay=muon_weight_decay, train_lm_head=train_lm_head,
+                    heldout_fraction=heldout_fraction, init_from=init_from, drafter_geometry=drafter_geometry,
+                    device=device)
     run.drafter.activation_checkpointing = activation_checkpointing
     this_run = run_key(arguments) if resume_dir else None
     progress = Progress()
     state = read_resume_checkpoint(resume_dir, this_run) if resume_dir else None
     if state is not None:
-        restore_loop_state(state, run.drafter, run.optimizer, run.scheduler, run.device)
+        restore_loop_state(state, run.drafter, run.optimizer, run.device)
         progress = Progress(**{field.name: state[field.name] for field in dataclasses.fields(Progress)})
         log.info("resuming from step %d/%d (%s)", progress.step, run.total_steps, resume_dir)
     if distributed:  # after the restore, as DDP starts by broadcasting rank 0's weights
         run.model = DistributedDataParallel(run.drafter, device_ids=[run.device.index] if run.device.type == "cuda" else None)
     train_steps(run, progress, this_run, ttt_steps=ttt_steps, step_weight_decay=step_weight_decay,
-                max_grad_norm=max_grad_norm, log_every=log_every, num_workers=num_workers, pin_memory=pin_memory,
+                max_grad_norm=max_grad_norm, supervise=supervise, log_every=log_every, num_workers=num_workers, pin_memory=pin_memory,
                 bf16=bf16, resume_dir=resume_dir, checkpoint_every=checkpoint_every)
     if run.rank > 0:
         return
@@ -178,10 +178,11 @@ def train_drafter(shard_paths, manifest_path, d2t_path, t2d_path, target_dir, ou
 
 
 def start_run(shard_paths, manifest, d2t_path, t2d_path, target_dir, distributed, *, seed, ttt_steps, epochs,
-              max_steps, max_tokens_per_batch, tokens_per_step, lr, warmup, heldout_fraction, init_from,
-              drafter_geometry, device):
+              max_steps, max_tokens_per_batch, tokens_per_step, lr, warmup, schedule, optimizer, weight_decay,
+              muon_lr, muon_weight_decay, train_lm_head, heldout_fraction, init_from, drafter_geometry, device):
     """The Run of train_drafter's arguments: the target head, the training samples and their
-    step lists, the new drafter on its device, AdamW with warmup and cosine decay."""
+    step lists, the new drafter on its device (lm_head frozen unless train_lm_head), its
+    optimizers with warmup and decay (eaglenest.train.optim)."""
     rank, world_size = (dist.get_rank(), dist.get_world_size()) if distributed else (0, 1)
     device = torch_device(device)
     d2t, t2d = load_vocab(d2t_path, t2d_path)
@@ -192,15 +193,16 @@ def start_run(shard_paths, manifest, d2t_path, t2d_path, target_dir, distributed
     drafter = new_drafter(target_dir, manifest, d2t, t2d, head, seed=seed, init_from=init_from,
                           geometry=drafter_geometry)
     drafter.to(device).train()
-    params = [p for p in drafter.parameters() if p.requires_grad]
-    optimizer = torch.optim.AdamW(params, lr=lr, betas=(0.9, 0.95), weight_decay=0.0)
+    drafter.lm_head.weight.requires_grad_(train_lm_head)
     supervised, counts = supervision(samples, ttt_steps)
     lengths = [end - start for _, start, end, _ in samples.index]
     plan = functools.partial(epoch_steps, lengths, supervised, max_tokens_per_batch, tokens_per_step, seed)
     total_steps = max_steps if max_steps is not None else sum(len(plan(epoch)) for epoch in range(epochs))
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: lr_factor(step, warmup, total_steps))
+    optimizers = build_optimizers(drafter, optimizer=optimizer, lr=lr, weight_decay=weight_decay, muon_lr=muon_lr,
+                                  muon_weight_decay=muon_weight_decay, warmup=warmup, total_steps=total_steps,
+                                  schedule=schedule)
     log.info("%d samples, %d steps, device %s, %d processes", len(samples), total_steps, device, world_size)
-    return Run(drafter, drafter, head, samples, optimizer, scheduler, device, rank, world_size, total_steps, plan,
+    return Run(drafter, drafter, head, samples, optimizers, device, rank, world_size, total_steps, plan,
                supervised, counts)
 
 
@@ -220,8 +222,8 @@ def epoch_loader(run, steps, num_workers, pin_memory):
     return zip([real for real, _ in rounds], loader)
 
 
-def train_steps(run, progress, this_run, *, ttt_steps, step_weight_decay, max_grad_norm, log_every, num_workers,
-                pin_memory, bf16, resume_dir, checkpoint_every):
+def train_steps(run, progress, this_run, *, ttt_steps, step_weight_decay, max_grad_norm, supervise, log_every,
+                num_workers, pin_memory, bf16, resume_dir, checkpoint_every):
     """Optimizer steps from progress.step to run.total_steps, logging every `log_every` steps
     and checkpointing every `checkpoint_every` (rank 0, into resume_dir)."""
     bf16 = run.device.type == "cuda" if bf16 is None else bf16
@@ -239,7 +241,7 @@ def train_steps(run, progress, this_run, *, ttt_steps, step_weight_decay, max_gr
         for step in steps:
             turns = list(itertools.islice(rounds, len(rank_rounds(step, run.rank, run.world_size))))
             value, step_losses, step_accs = optimizer_step(run, step, turns, bf16, ttt_steps, step_weight_decay,
-                                                           max_grad_norm)
+                                                           max_grad_norm, supervise)
             progress.step += 1
             tokens = sum(run.supervised[i] for batch in step for i in batch)
             progress.tokens += tokens
@@ -249,12 +251,12 @@ def train_steps(run, progress, this_run, *, ttt_steps, step_weight_decay, max_gr
             if progress.step % log_every == 0 or progress.step == run.total_steps:
                 log_row(run, progress, epoch, ttt_steps, rate=(progress.step - first_step) / (time.time() - start))
             if resume_dir and run.rank == 0 and progress.step % checkpoint_every == 0 and progress.step < run.total_steps:
-                save_loop_state(Path(resume_dir) / CHECKPOINT, run.drafter, run.optimizer, run.scheduler, run.device,
+                save_loop_state(Path(resume_dir) / CHECKPOINT, run.drafter, run.optimizer, run.device,
                                 run_key=this_run, **dataclasses.asdict(progress))
         epoch, done = epoch + 1, 0
 
 
-def optimizer_step(run, step, turns, bf16, ttt_steps, step_weight_decay, max_grad_norm):
+def optimizer_step(run, step, turns, bf16, ttt_steps, step_weight_decay, max_grad_norm, supervise):
     """One optimizer step over this rank's `turns` of the step's micro-batches: their gradients
     accumulate (DDP all-reduces once, at the last), each loss normalised over the whole step
     (loss.soft_ce_loss). -> the step's weighted loss, step losses and accuracies (all ranks').
@@ -266,7 +268,7 @@ def optimizer_step(run, step, turns, bf16, ttt_steps, step_weight_decay, max_gra
     double their device memory. Without autocast they go float32 there, the drafter's dtype."""
     normalisers = step_normalisers(step, run.counts)
     stats = torch.zeros(ttt_steps, 3, dtype=torch.float64, device=run.device)
-    run.optimizer.zero_grad(set_to_none=True)
+    run.optimizer.zero_grad()
     for i, (real, batch) in enumerate(turns):
         batch = {key: t.to(run.device, non_blocking=True) for key, t in batch.items()}
         batch = dequantize_states(batch, torch.bfloat16 if bf16 else torch.float32)  # FP8 states: here, on the device
@@ -278,12 +280,11 @@ def optimizer_step(run, step, turns, bf16, ttt_steps, step_weight_decay, max_gra
         with contextlib.nullcontext() if sync else run.model.no_sync():
             with torch.autocast(run.device.type, dtype=torch.bfloat16, enabled=bf16):
                 loss, micro_stats = ttt_loss(run.model, batch, run.head, run.drafter.t2d, ttt_steps,
-                                             step_weight_decay, normalisers, run.world_size)
+                                             step_weight_decay, normalisers, run.world_size, supervise=supervise)
             loss.backward()
         stats += micro_stats
     torch.nn.utils.clip_grad_norm_([p for p in run.drafter.parameters() if p.requires_grad], max_grad_norm)
     run.optimizer.step()
-    run.scheduler.step()
     return step_means(global_sum(stats, run.world_size), step_weight_decay)
 
 
@@ -292,7 +293,7 @@ def log_row(run, progress, epoch, ttt_steps, rate):
     steps per second in this process)."""
     means = [sum(column) / len(progress.window) for column in zip(*progress.window)]
     progress.window = []
-    progress.rows.append([progress.step, epoch, run.scheduler.get_last_lr()[0], *means, progress.tokens,
+    progress.rows.append([progress.step, epoch, run.optimizer.last_lr(), *means, progress.tokens,
                           progress.elapsed])
     log.info(
         "step %d/%d epoch %d loss %.4f acc %s | %.2f steps/s %.0f tok/s ETA %.1f min",

@@ -4,7 +4,9 @@ Per position p the target's distribution over the next token is
 softmax(lm_head(norm(final_hidden_state[p]))) restricted to the draft vocab (t2d) and
 renormalised. TTT step k at anchor t predicts x_{t+k+2}, so it learns from the distribution
 at p = t+k+1 by soft cross-entropy, weighted step_weight_decay**k, on positions where
-x_{t+k+2} was generated (loss_mask), exists, and is the target's argmax inside the draft vocab.
+x_{t+k+2} was generated (loss_mask) and exists, and, with supervise "in_draft_vocab", where the
+target's argmax is inside the draft vocab. (Soft CE is KL(p || q) plus p's entropy, which the
+drafter does not change: the same gradient as a KL loss.)
 """
 
 import torch
@@ -18,11 +20,15 @@ def global_sum(tensor, world_size):
     return tensor
 
 
-def ttt_loss(model, batch, head, t2d, num_steps, step_weight_decay, normalisers, world_size=1):
+def ttt_loss(model, batch, head, t2d, num_steps, step_weight_decay, normalisers, world_size=1, *,
+             supervise="in_draft_vocab"):
     """The weighted TTT loss of one micro-batch -> (loss to backpropagate, stats for the log:
-    see soft_ce_loss). `normalisers`: see soft_ce_loss. Scaled by world_size: DDP averages the
+    see soft_ce_loss). `normalisers`: see soft_ce_loss. supervise "all": every generated position,
+    the target's argmax in the draft vocab or not. Scaled by world_size: DDP averages the
     ranks' gradients, so the average is then their sum, one process's gradient of the step."""
     probs, in_vocab = head.distribution(batch["final_hidden_states"], t2d)  # [B, T, N]
+    if supervise == "all":
+        in_vocab = torch.ones_like(in_vocab)
     logits = model(batch["input_ids"], batch["aux_hidden_states"], num_steps)
     loss, stats = soft_ce_loss(logits, probs, in_vocab, batch["loss_mask"], normalisers, step_weight_decay)
     return loss * world_size, stats

@@ -2,7 +2,7 @@
 
 `training_memory` follows one micro-batch as eaglenest.train.loop runs it (the cast of the batch
 on the device, TargetHead.distribution, Drafter.forward over K TTT steps, the soft CE of ttt_loss,
-backward, AdamW's step) and sums the tensors alive at each moment where the peak can fall; the
+backward, the optimizer's step: AdamW, or Muon and AdamW) and sums the tensors alive at each moment where the peak can fall; the
 peak is the largest sum. Every term is a tensor of the real code, in bytes from its shape and
 dtype. Those autograd keeps for backward were listed from the code; tests/test_memory_model.py
 checks the list against torch.autograd.graph.saved_tensors_hooks, and the peaks against measured
@@ -16,32 +16,42 @@ from eaglenest.drafter.model import ATTENTION_BLOCK
 
 F32, BF16, INT64, BOOL = 4, 2, 8, 1
 # Held from one step to the next (and the gradients while a step accumulates), then through a step.
-BETWEEN_STEPS = ("weights", "adam_states", "ddp_buckets", "frozen_embedding", "target_head", "vocab_maps")
+BETWEEN_STEPS = ("weights", "optimizer_states", "ddp_buckets", "frozen_embedding", "target_head", "vocab_maps")
 HELD = (*BETWEEN_STEPS, "batch_stored", "batch_float32")
 
 
-def parameter_counts(c):
-    """(trainable parameters, those of the Linear layers, the largest Linear) of DrafterConfig `c`:
-    fc, q/k/v/o, the MLP, lm_head and four RMSNorm weights. The embedding is the target's (frozen)."""
-    H, q, kv = c.hidden_size, c.num_attention_heads * c.head_dim, c.num_key_value_heads * c.head_dim
-    linears = [3 * c.target_hidden_size * H, 2 * H * q, 2 * H * kv, 2 * H * kv, q * H,
-               H * c.intermediate_size, H * c.intermediate_size, c.intermediate_size * H, H * c.draft_vocab_size]
-    return sum(linears) + 4 * H, sum(linears), max(linears)
+def hidden_matrices(c):
+    """The sizes of the Linear layers but lm_head: fc, q/k/v/o, the MLP (Muon's share), as [rows, columns]."""
+    H, q, kv, I = c.hidden_size, c.num_attention_heads * c.head_dim, c.num_key_value_heads * c.head_dim, c.intermediate_size
+    return [[H, 3 * c.target_hidden_size], [q, 2 * H], [kv, 2 * H], [kv, 2 * H], [H, q], [I, H], [I, H], [H, I]]
 
 
-def static_memory(c, *, target_dtype_bytes, tied_embeddings=False, distributed=False):
-    """Bytes held between steps: the drafter's trainable weights, their gradients and AdamW's two
-    moments (float32 each); with DDP (`distributed`) its gradient buckets, one more float32 copy
+def parameter_counts(c, train_lm_head=True):
+    """(trainable parameters, those of the Linear layers, the largest trainable Linear) of
+    DrafterConfig `c`: fc, q/k/v/o, the MLP, lm_head (unless frozen), four RMSNorm weights and
+    input_norm's (norm_before_fc). The embedding is the target's (frozen)."""
+    lm_head = c.hidden_size * c.draft_vocab_size
+    trained = [rows * columns for rows, columns in hidden_matrices(c)] + ([lm_head] if train_lm_head else [])
+    norms = 4 * c.hidden_size + (3 * c.target_hidden_size if c.norm_before_fc else 0)
+    return sum(trained) + norms, sum(trained) + (0 if train_lm_head else lm_head), max(trained)
+
+
+def static_memory(c, *, target_dtype_bytes, tied_embeddings=False, distributed=False, optimizer="adamw",
+                  train_lm_head=True):
+    """Bytes held between steps: the drafter's trainable weights, their gradients and the
+    optimizer's states (float32 each: AdamW's two moments; Muon's one momentum for the hidden
+    matrices, AdamW's two for the rest); with DDP (`distributed`) its gradient buckets, one more float32 copy
     of the gradients (the loop leaves gradient_as_bucket_view off); the vocab maps (d2t int64 [N],
     t2d bool [V]); in the target's dtype the frozen embedding the drafter shares with the target
     head, that head's lm_head (none of its own when the target ties it to the embedding) and its
     final norm weight."""
-    params = parameter_counts(c)[0]
+    params = parameter_counts(c, train_lm_head)[0]
+    matrices = sum(rows * columns for rows, columns in hidden_matrices(c)) if optimizer == "muon" else 0
     V, H = c.target_vocab_size, c.hidden_size
     return {
         "weights": F32 * params,
         "gradients": F32 * params,
-        "adam_states": 2 * F32 * params,
+        "optimizer_states": F32 * matrices + 2 * F32 * (params - matrices),
         "ddp_buckets": F32 * params if distributed else 0,
         "vocab_maps": INT64 * c.draft_vocab_size + BOOL * V,
         "frozen_embedding": target_dtype_bytes * V * H,
@@ -99,13 +109,14 @@ def layer_saved(c, autocast):
     return before, after
 
 
-def step_saved(c, autocast, checkpointing, cpu):
+def step_saved(c, autocast, checkpointing, cpu, train_lm_head=True):
     """Bytes per token one TTT step keeps until backward, besides its logits, in groups of named
     tensors. "layer": layer_saved, or with activation checkpointing only the checkpoint's inputs.
     "lm": the final norm (float32 input: in float32 the step output itself, which is also the next
     step's hidden input; normalised value; scale) and lm_head's input. "log_softmax": its output
     (float32, but bf16 under CPU autocast, which leaves log_softmax alone) and the bool mask the
-    soft CE multiplies by, per supervised position. "kv": the keys after RoPE and the values,
+    soft CE multiplies by, per supervised position (a frozen lm_head keeps no input: its weight
+    needs no gradient). "kv": the keys after RoPE and the values,
     held by reference (the TTT key/value lists, which the attend closure given to a checkpoint
     keeps), so saved_tensors_hooks do not see them."""
     H, N, kv = c.hidden_size, c.draft_vocab_size, c.num_key_value_heads * c.head_dim
@@ -118,7 +129,8 @@ def step_saved(c, autocast, checkpointing, cpu):
         layer = before | after
     return {
         "layer": layer,
-        "lm": {"norm float32 input": F32 * H, "norm normalised": x * H, "norm scale": F32, "lm_head input": x * H},
+        "lm": {"norm float32 input": F32 * H, "norm normalised": x * H, "norm scale": F32,
+               "lm_head input": x * H if train_lm_head else 0},
         "log_softmax": {"log_softmax output": BF16 * N if autocast and cpu else F32 * N, "the step's mask": BOOL},
         "kv": {"keys and values after RoPE": 2 * x * kv},
     }
@@ -131,18 +143,33 @@ def positional_saved(c, checkpointing):
     return INT64 if checkpointing else 4 * F32 * c.head_dim
 
 
-def retained_activations(c, *, tokens, longest, ttt_steps, autocast=False, checkpointing=False, cpu=False):
+def retained_activations(c, *, tokens, longest, ttt_steps, autocast=False, checkpointing=False, cpu=False,
+                         train_lm_head=True):
     """Bytes autograd keeps from the forward of all K steps to their backward, by group: "once"
-    (fc's float32 output, or under autocast its bf16 input copy), then per step (K ×) the groups of
-    step_saved, log_softmax's at the positions step k supervises only (longest - k - 2 a sample),
-    and "positions" (positional_saved × longest). Under autocast the bf16 weight copies come on
-    top (autocast_weights)."""
-    once = tokens * ((BF16 * 3 * c.target_hidden_size) if autocast else F32 * c.hidden_size)
-    groups = {key: ttt_steps * tokens * sum(part.values())
-              for key, part in step_saved(c, autocast, checkpointing, cpu).items()}
+    (fc's float32 output, or under autocast its bf16 input copy; with norm_before_fc also
+    input_norm's normalised [tokens, 3Ht] float32, and in float32 fc's input, input_norm's output),
+    then per step (K ×) the groups of step_saved, log_softmax's at the positions step k supervises
+    only (longest - k - 2 a sample), "positions" (positional_saved × longest) and "norm_output":
+    under autocast a normed (float32) hidden input turns the residual stream of steps 1..K-1
+    float32, three [tokens, H] tensors a step where they were bf16 (checkpointed: the float32
+    input the checkpoint keeps); in float32 with a frozen lm_head, whose input is then not kept,
+    the next step still keeps that normed output. Under autocast the bf16 weight copies come on top (autocast_weights)."""
+    Ht3, H = 3 * c.target_hidden_size, c.hidden_size
+    once = tokens * ((BF16 * Ht3) if autocast else F32 * H)
+    if c.norm_before_fc:
+        once += tokens * Ht3 * (F32 if autocast else 2 * F32)
+    saved = step_saved(c, autocast, checkpointing, cpu, train_lm_head)
+    groups = {key: ttt_steps * tokens * sum(part.values()) for key, part in saved.items()}
     supervised = (tokens // longest) * sum(max(longest - k - 2, 0) for k in range(ttt_steps))
-    groups["log_softmax"] = supervised * sum(step_saved(c, autocast, checkpointing, cpu)["log_softmax"].values())
-    return {"once": once, **groups, "positions": ttt_steps * longest * positional_saved(c, checkpointing)}
+    groups["log_softmax"] = supervised * sum(saved["log_softmax"].values())
+    if not c.norm_output:
+        normed = 0
+    elif autocast:
+        normed = F32 * H if checkpointing else 3 * (F32 - BF16) * H
+    else:
+        normed = 0 if train_lm_head else F32 * H
+    return {"once": once, **groups, "positions": ttt_steps * longest * positional_saved(c, checkpointing),
+            "norm_output": (ttt_steps - 1) * tokens * normed}
 
 
 def recompute_leftover(c, autocast):
@@ -158,14 +185,20 @@ def recompute_leftover(c, autocast):
             "hidden_norm float32 input": F32 * H if autocast else 0, "hidden_norm scale": F32}
 
 
-def autocast_weights(c):
-    """bf16 copies of the Linear weights autocast makes, as (all: cached for the autocast region,
-    i.e. the forward; all but fc: kept by autograd to backward, fc's input needing no gradient;
-    lm_head: kept when the layer is checkpointed; the layer's: remade by its recompute)."""
+def autocast_weights(c, ttt_steps=3, train_lm_head=True):
+    """bf16 copies of the Linear weights autocast makes, as (all: made in the forward; kept by
+    autograd to backward: all but fc, whose input needs no gradient unless input_norm made it;
+    kept when the layer is checkpointed: lm_head's, and fc's with input_norm; the layer's: remade
+    by its recompute).
+    Autocast caches the copy of a weight that requires grad for the whole forward; a frozen
+    lm_head's is made anew, and kept, at each of the K steps."""
     H, Ht = c.hidden_size, c.target_hidden_size
     _, linears, _ = parameter_counts(c)
     fc, lm_head = 3 * Ht * H, H * c.draft_vocab_size
-    return BF16 * linears, BF16 * (linears - fc), BF16 * lm_head, BF16 * (linears - fc - lm_head)
+    lm_heads = lm_head if train_lm_head else ttt_steps * lm_head
+    kept = linears - lm_head + lm_heads - (0 if c.norm_before_fc else fc)
+    checkpointed = lm_heads + (fc if c.norm_before_fc else 0)
+    return BF16 * (linears - lm_head + lm_heads), BF16 * kept, BF16 * checkpointed, BF16 * (linears - fc - lm_head)
 
 
 def attention_scores(c, *, tokens, longest, ttt_steps, attention_block=ATTENTION_BLOCK):
@@ -199,7 +232,7 @@ def step_totals(c, activations, *, tokens, longest, ttt_steps, autocast):
                     "leftover": leftover, "out": 0 if autocast else F32 * tokens * H}
 
 
-def forward_moments(c, terms, s, block, *, tokens, ttt_steps, autocast, checkpointing, cpu, held):
+def forward_moments(c, terms, s, block, *, tokens, ttt_steps, autocast, checkpointing, cpu, held, train_lm_head):
     """at_head, at_forward_attention (the last step's attention block: the earlier steps' tensors and
     logits, this step's up to its attention with the locals the layer holds then, i.e. the float32
     embeddings, e and hidden_norm(h), and the blocks' outputs), at_forward_end (the last step's soft
@@ -207,7 +240,7 @@ def forward_moments(c, terms, s, block, *, tokens, ttt_steps, autocast, checkpoi
     autocast also the float32 copy of the bf16 log_softmax it makes for it)."""
     K, H, q = ttt_steps, c.hidden_size, c.num_attention_heads * c.head_dim
     x = BF16 if autocast else F32
-    every = autocast_weights(c)[0] if autocast else 0
+    every = autocast_weights(c, ttt_steps, train_lm_head)[0] if autocast else 0
     one_step = sum(s[key] for key in ("layer", "lm", "log_softmax", "kv", "positions"))
     up_to_attention = s["kv"] + s["positions"] + tokens * (3 * F32 * H + x * q) + (
         s["layer"] + tokens * x * q if checkpointing else s["before"])
@@ -221,7 +254,8 @@ def forward_moments(c, terms, s, block, *, tokens, ttt_steps, autocast, checkpoi
     }
 
 
-def backward_moments(c, terms, s, block, *, tokens, ttt_steps, autocast, checkpointing, accumulating, cpu, held):
+def backward_moments(c, terms, s, block, *, tokens, ttt_steps, autocast, checkpointing, accumulating, cpu, held,
+                     train_lm_head, optimizer):
     """at_backward_start: the first log_softmax backward (the logits are freed): every step's
     tensors, the probs, the float32 gradient of the soft CE w.r.t. log_softmax and log_softmax's
     of its input. Autograd runs every step's loss backward first, so the steps' logits gradients
@@ -234,13 +268,12 @@ def backward_moments(c, terms, s, block, *, tokens, ttt_steps, autocast, checkpo
     still held), the steps after j hold their inputs, their recompute_leftover and (float32) their
     output, and j is the one of largest total.
     at_backward_layer (checkpointing): step j's layer just recomputed, before and after its attention.
-    at_optimizer: AdamW.step with every gradient: one float32 sqrt of the second moments, of every
-    parameter at once with CUDA's foreach kernels, of the largest tensor twice per tensor on CPU."""
+    at_optimizer: the optimizer step with every gradient (optimizer_transient)."""
     K, N, H, q = ttt_steps, c.draft_vocab_size, c.hidden_size, c.num_attention_heads * c.head_dim
     x = BF16 if autocast else F32
-    params, _, largest = parameter_counts(c)
+    params = parameter_counts(c, train_lm_head)[0]
     fc, qkv = 3 * c.target_hidden_size * H, 2 * H * (q + 2 * c.num_key_value_heads * c.head_dim)
-    _, kept, lm_head, layer = autocast_weights(c) if autocast else (0, 0, 0, 0)
+    _, kept, lm_head, layer = autocast_weights(c, ttt_steps, train_lm_head) if autocast else (0, 0, 0, 0)
     kept, layer = (lm_head, layer) if checkpointing else (kept, 0)
     gradients = 0 if accumulating else terms["gradients"]
     moments = {"at_backward_start": held + terms["target_probs"] + kept + terms["activations"]
@@ -254,19 +287,38 @@ def backward_moments(c, terms, s, block, *, tokens, ttt_steps, autocast, checkpo
             later = K - 1 - j
             base += (s["layer"] + s["kv"] + s["cos_sin"] + layer + later * s["out"]
                      + later * (s["layer"] + s["kv"] + s["positions"] + s["leftover"]))
-            lm_made = 0 if accumulating else F32 * (H * N + H) if j == K - 1 else made
+            lm_made = 0 if accumulating else F32 * (H * N * train_lm_head + H) if j == K - 1 else made
             layer_done.append(base + lm_made + s["after"] + tokens * H * x)
         attention.append(base + made + tokens * (q + H) * x + block["backward"])
     moments["at_backward_attention"] = max(attention)
     if checkpointing:
         moments["at_backward_layer"] = max(layer_done)
-    moments["at_optimizer"] = held + gradients + F32 * (2 * largest if cpu else params)
+    moments["at_optimizer"] = held + gradients + optimizer_transient(c, optimizer, cpu, train_lm_head)
     return moments
+
+
+def optimizer_transient(c, optimizer, cpu, train_lm_head=True):
+    """The most an optimizer step allocates beside the held state. AdamW: one float32 sqrt of the
+    second moments, of every parameter at once with CUDA's foreach kernels, of the largest tensor
+    twice per tensor on CPU. Muon (torch.optim.Muon, one matrix at a time) for its largest matrix
+    [m, n] (m' = min(m, n)): the Nesterov update (float32 [m, n]), its bf16 copy and the next
+    Newton-Schulz iterate (2 × bf16 [m, n]), the Gram matrix, its update and the previous update
+    (3 × bf16 [m', m']); AdamW's share for the rest after it."""
+    params, _, largest = parameter_counts(c, train_lm_head)
+    if optimizer == "adamw":
+        return F32 * (2 * largest if cpu else params)
+    matrices = hidden_matrices(c)
+    rest = params - sum(rows * columns for rows, columns in matrices)
+    rest_largest = c.hidden_size * c.draft_vocab_size if train_lm_head else 3 * c.target_hidden_size
+    rows, columns = max(matrices, key=lambda shape: shape[0] * shape[1])
+    muon = (F32 + 2 * BF16) * rows * columns + 3 * BF16 * min(rows, columns) ** 2
+    return max(muon, F32 * (2 * rest_largest if cpu else rest))
 
 
 def training_memory(c, *, target_dtype_bytes, tokens, longest, ttt_steps, activation_checkpointing=False,
                     autocast_bf16=False, chunk_tokens=4096, attention_block=None, stored_dtype_bytes=BF16,
-                    accumulating=True, tied_embeddings=False, distributed=False, device="cuda"):
+                    accumulating=True, tied_embeddings=False, distributed=False, device="cuda", optimizer="adamw",
+                    train_lm_head=True):
     """Bytes of one training process for DrafterConfig `c` (the geometry make_drafter_config gives)
     and a micro-batch of `tokens` padded tokens whose longest sample has `longest` (samples =
     tokens // longest), trained with `ttt_steps` TTT steps: a dict of the terms of static_memory
@@ -283,17 +335,18 @@ def training_memory(c, *, target_dtype_bytes, tokens, longest, ttt_steps, activa
     step has more micro-batches, so the earlier ones' gradients are held through this one (the
     loop's steady state); False: they appear during backward. distributed: DDP (static_memory's
     buckets). device "cpu": no separate device memory (batch_memory), CPU autocast's op lists
-    (log_softmax stays bf16) and AdamW's per-tensor update (foreach on CUDA)."""
+    (log_softmax stays bf16) and AdamW's per-tensor update (foreach on CUDA). optimizer: adamw or
+    muon (train.optimizer); train_lm_head False: lm_head frozen (no gradient, no state, no input kept)."""
     cpu, x = device == "cpu", BF16 if autocast_bf16 else F32
     terms = static_memory(c, target_dtype_bytes=target_dtype_bytes, tied_embeddings=tied_embeddings,
-                          distributed=distributed)
+                          distributed=distributed, optimizer=optimizer, train_lm_head=train_lm_head)
     terms |= batch_memory(c, tokens=tokens, stored_dtype_bytes=stored_dtype_bytes, cpu=cpu)
     terms["target_probs"] = F32 * tokens * c.draft_vocab_size
     terms["head_peak"] = head_peak(c, tokens=tokens, target_dtype_bytes=target_dtype_bytes, chunk_tokens=chunk_tokens)
     activations = retained_activations(c, tokens=tokens, longest=longest, ttt_steps=ttt_steps, autocast=autocast_bf16,
-                                       checkpointing=activation_checkpointing, cpu=cpu)
+                                       checkpointing=activation_checkpointing, cpu=cpu, train_lm_head=train_lm_head)
     terms["activations"] = sum(activations.values())
-    terms["autocast_weights"] = autocast_weights(c)[0] if autocast_bf16 else 0
+    terms["autocast_weights"] = autocast_weights(c, ttt_steps, train_lm_head)[0] if autocast_bf16 else 0
     terms["logits"] = ttt_steps * x * tokens * c.draft_vocab_size
     scores = attention_scores(c, tokens=tokens, longest=longest, ttt_steps=ttt_steps,
                               attention_block=attention_block or ATTENTION_BLOCK)
@@ -302,8 +355,8 @@ def training_memory(c, *, target_dtype_bytes, tokens, longest, ttt_steps, activa
     held = sum(terms[key] for key in HELD) + (terms["gradients"] if accumulating else 0)
     s = step_totals(c, activations, tokens=tokens, longest=longest, ttt_steps=ttt_steps, autocast=autocast_bf16)
     options = dict(tokens=tokens, ttt_steps=ttt_steps, autocast=autocast_bf16, checkpointing=activation_checkpointing,
-                   cpu=cpu, held=held)
+                   cpu=cpu, held=held, train_lm_head=train_lm_head)
     terms |= forward_moments(c, terms, s, block, **options)
-    terms |= backward_moments(c, terms, s, block, accumulating=accumulating, **options)
+    terms |= backward_moments(c, terms, s, block, accumulating=accumulating, optimizer=optimizer, **options)
     terms["peak"] = max(value for key, value in terms.items() if key.startswith("at_"))
     return terms

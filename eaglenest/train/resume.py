@@ -53,24 +53,22 @@ def read_resume_checkpoint(resume_dir, key):
     return state
 
 
-def save_loop_state(path, drafter, optimizer, scheduler, device, **progress):
-    """Checkpoint the loop state: weights (but the frozen embed_tokens, the target's), optimizer,
-    scheduler, RNG, and `progress` (run_key, step, tokens, elapsed, log rows, window)."""
+def save_loop_state(path, drafter, optimizer, device, **progress):
+    """Checkpoint the loop state: weights (but the frozen embed_tokens, the target's), the
+    optimizers with their schedulers (eaglenest.train.optim.Optimizers), RNG, and `progress` (run_key, step, tokens, elapsed, log rows, window)."""
     rng = {"cpu": torch.get_rng_state()}
     if device.type == "cuda":
         rng["cuda"] = torch.cuda.get_rng_state(device)
     weights = {n: t for n, t in drafter.state_dict().items() if n != "embed_tokens.weight"}
     save_torch(path, {
-        "drafter": weights, "optimizer": optimizer.state_dict(),
-        "scheduler": scheduler.state_dict(), "rng": rng, **progress,
+        "drafter": weights, "optimizer": optimizer.state_dict(), "rng": rng, **progress,
     })
 
 
-def restore_loop_state(state, drafter, optimizer, scheduler, device):
+def restore_loop_state(state, drafter, optimizer, device):
     """Load a save_loop_state checkpoint into the loop's objects and the RNG."""
     drafter.load_state_dict(state["drafter"], strict=False)  # all but embed_tokens
     optimizer.load_state_dict(state["optimizer"])
-    scheduler.load_state_dict(state["scheduler"])
     torch.set_rng_state(state["rng"]["cpu"])
     if device.type == "cuda" and "cuda" in state["rng"]:
         torch.cuda.set_rng_state(state["rng"]["cuda"], device)

@@ -1,0 +1,147 @@
+"""Benchmark: the training recipe, one difference at a time, served in real vLLM.
+
+On the hidden states, vocab, tokenized data and target of an earlier `make demo` (results/), each
+variant trains with the demo config's data, steps and geometry, changing only the recipe settings
+it names (VARIANTS; "a+b" applies both), into results/recipe/<variant>_s<seed>/. Each drafter is
+then served in vLLM at K = 3, greedy, on every held-out prompt of the demo (the heldout suite with
+no max_prompts), 64 tokens each, 8 requests at once; the baseline (the target alone, the same
+prompts) runs once, and speculation must leave its greedy text unchanged (vLLM's CPU build in
+float32 is bit-exact). Each variant runs in a fresh process (one vLLM engine each) and leaves its
+figures in result.json, so an interrupted benchmark resumes where it stopped. Per variant:
+training steps and seconds per step, vLLM's acceptance per position, mean acceptance length.
+
+    .venv/bin/python bench/recipe_ablation.py                      # every VARIANTS entry, seed 0
+    .venv/bin/python bench/recipe_ablation.py --variants ours,norms+muon --seeds 0,1
+"""
+
+import argparse
+import csv
+import json
+import logging
+import subprocess
+import sys
+from pathlib import Path
+
+import yaml
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+OUT = REPO / "results/recipe"
+DEMO = REPO / "results"
+K, MAX_TOKENS, CONCURRENCY = 3, 64, 8
+
+# Each: (train: overrides, drafter: overrides), from today's recipe (config.yaml) toward
+# speculators 0.9.0's defaults. KL against soft CE is no variant: they differ by the target's
+# entropy, a constant to the drafter, so their gradients are the same.
+OURS = ({"optimizer": "adamw", "weight_decay": 0.0, "schedule": "cosine", "warmup": 20, "max_grad_norm": 0.5,
+         "step_weight_decay": 0.8, "supervise": "in_draft_vocab", "train_lm_head": True},
+        {"norm_before_residual": False, "norm_before_fc": False, "norm_output": False})
+VARIANTS = {
+    "ours": ({}, {}),
+    "muon": ({"optimizer": "muon", "weight_decay": 0.01, "muon_weight_decay": 0.1}, {}),
+    "linear": ({"schedule": "linear", "warmup": 11, "max_grad_norm": 1.0}, {}),  # 1% of the demo's 1,127 steps
+    "equal_steps": ({"step_weight_decay": 1.0}, {}),
+    "supervise_all": ({"supervise": "all"}, {}),
+    "frozen_lm_head": ({"train_lm_head": False}, {}),
+    "norms": ({}, {"norm_before_residual": True, "norm_before_fc": True, "norm_output": True}),
+    "norm_before_fc": ({}, {"norm_before_fc": True}),
+    "norm_output": ({}, {"norm_output": True}),
+    "norm_before_residual": ({}, {"norm_before_residual": True}),
+}
+
+
+def settings(variant, config):
+    """(train settings, drafter geometry) of a variant name ("a+b": both)."""
+    train, drafter = dict(config["train"]) | OURS[0], dict(config["drafter"]) | OURS[1]
+    for name in variant.split("+"):
+        train_overrides, drafter_overrides = VARIANTS[name]
+        train |= train_overrides
+        drafter |= drafter_overrides
+    return train, drafter
+
+
+def demo_config():
+    return yaml.safe_load((REPO / "config.yaml").read_text())
+
+
+def baseline(config):
+    """The held-out prompts (all of them) and the target's greedy text, once for every variant."""
+    from eaglenest.evaluate.online import vllm_baseline
+    from eaglenest.evaluate.suites import write_suite_prompts
+    prompts = OUT / "heldout.jsonl"
+    if not prompts.exists():
+        write_suite_prompts(prompts, "heldout", tokenized_path=DEMO / "data/tokenized_data.jsonl",
+                            heldout_fraction=config["train"]["heldout_fraction"], max_prompts=10**9, tokenize=None)
+    if not (OUT / "baseline_outputs.jsonl").exists():
+        vllm_baseline([prompts], DEMO / "target", OUT / "baseline.json", OUT / "baseline_outputs.jsonl",
+                      suites=["heldout"], temperatures=[0.0], concurrency=[CONCURRENCY], max_tokens=MAX_TOKENS,
+                      extra_tokens=K, seed=0, vllm=config["vllm"], trust_remote_code=False,
+                      end_of_turn=config["tokenize"]["end_of_turn"])
+    return prompts
+
+
+def run_variant(variant, seed, cores):
+    """Train one variant at one seed and serve it: results/recipe/<variant>_s<seed>/result.json."""
+    import torch
+    from eaglenest.evaluate.agreement import online_acceptance
+    from eaglenest.evaluate.online import vllm_speculative
+    from eaglenest.train.loop import train_drafter
+    torch.set_num_threads(cores)
+    config = demo_config()
+    root = OUT / f"{variant}_s{seed}"
+    root.mkdir(parents=True, exist_ok=True)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s", force=True,
+                        handlers=[logging.FileHandler(root / "log.txt", mode="w")])
+    train, drafter = settings(variant, config)
+    prompts = baseline(config)
+    shards = sorted(str(p) for p in (DEMO / "hidden_states").glob("shard_*.safetensors"))
+    train |= {"seed": seed, "device": "cpu"}
+    train_drafter(shards, DEMO / "hidden_states/manifest.json", DEMO / "vocab/d2t.pt", DEMO / "vocab/t2d.pt",
+                  DEMO / "target", root / "drafter", root / "train_log.tsv", drafter_geometry=drafter, **train)
+    runs = vllm_speculative([prompts], DEMO / "target", root / "drafter", OUT / "baseline_outputs.jsonl",
+                            root / "vllm.json", num_speculative_tokens=K, suites=["heldout"], temperatures=[0.0],
+                            concurrency=[CONCURRENCY], max_tokens=MAX_TOKENS, seed=0, max_divergent_share=0.0,
+                            vllm=config["vllm"], trust_remote_code=False, end_of_turn=config["tokenize"]["end_of_turn"])
+    rows = list(csv.DictReader(open(root / "train_log.tsv"), delimiter="\t"))
+    run = runs["runs"][0]
+    result = {"variant": variant, "seed": seed, "steps": int(rows[-1]["step"]),
+              "train_s": float(rows[-1]["elapsed_s"]), "prompts": run["prompts"],
+              "greedy_text_unchanged": run["greedy_text_unchanged"], **online_acceptance(run["counters"])}
+    (root / "result.json").write_text(json.dumps(result, indent=1) + "\n")
+
+
+def table(results):
+    print("| recipe | seed | steps | s/step | acceptance per position (vLLM, K=3) | mean acceptance length "
+          "| greedy text unchanged |")
+    print("|---|---|---|---|---|---|---|")
+    for r in results:
+        rates = " / ".join(f"{a:.3f}" for a in r["acceptance_rate_per_position"])
+        print(f"| {r['variant']} | {r['seed']} | {r['steps']:,} | {r['train_s'] / r['steps']:.3f} | {rates} "
+              f"| **{r['mean_acceptance_length']:.3f}** | {r['greedy_text_unchanged']} ({r['prompts']} prompts) |")
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--variants", default=",".join(VARIANTS), help="VARIANTS names, comma-separated; a+b: both")
+    parser.add_argument("--seeds", default="0")
+    parser.add_argument("--cores", type=int, default=2)
+    parser.add_argument("--one", nargs=2, metavar=("VARIANT", "SEED"), help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.one:
+        return run_variant(args.one[0], int(args.one[1]), args.cores)
+    if not (DEMO / "hidden_states/manifest.json").is_file():
+        sys.exit("results/hidden_states is missing: run `make demo` first")
+    results = []
+    for variant in args.variants.split(","):
+        for seed in map(int, args.seeds.split(",")):
+            path = OUT / f"{variant}_s{seed}/result.json"
+            if not path.exists():
+                subprocess.run([sys.executable, __file__, "--one", variant, str(seed), "--cores", str(args.cores)],
+                               check=True)
+                print(f"{variant} seed {seed} done", file=sys.stderr, flush=True)
+            results.append(json.loads(path.read_text()))
+    table(results)
+
+
+if __name__ == "__main__":
+    main()
