@@ -47,7 +47,13 @@ VARIANTS = {
     "norm_before_fc": ({}, {"norm_before_fc": True}),
     "norm_output": ({}, {"norm_output": True}),
     "norm_before_residual": ({}, {"norm_before_residual": True}),
+    # not differences from speculators: Muon's learning rate (10 x lr by default) halved and doubled
+    "muon_lr_half": ({"muon_lr": 0.015}, {}),
+    "muon_lr_double": ({"muon_lr": 0.06}, {}),
 }
+VARIANTS["theirs"] = tuple(  # all six differences at once: speculators 0.9.0's defaults
+    {key: value for name in ("muon", "linear", "equal_steps", "supervise_all", "frozen_lm_head", "norms")
+     for key, value in VARIANTS[name][part].items()} for part in (0, 1))
 
 
 def settings(variant, config):

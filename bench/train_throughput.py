@@ -18,7 +18,12 @@ is the median over rounds of bare/loop within the round (the machine is shared: 
 neighbouring passes cancels slow drifts of its load). Two more rows time the loop's own parts
 alone (reading + collate + cast; the target head) to say where time goes.
 
+`--recipes a,b`: instead, the loop (num_workers 0) of each training recipe of
+bench/recipe_ablation.py's VARIANTS on the same data, alternating, ROUNDS times: seconds per
+optimizer step (median) and its ratio to the first recipe's in the same round (median).
+
     .venv/bin/python bench/train_throughput.py    # prints a Markdown table (~7 min on 2 cores)
+    .venv/bin/python bench/train_throughput.py --recipes ours,muon
 """
 
 import statistics
@@ -28,6 +33,7 @@ import time
 from pathlib import Path
 
 import torch
+import yaml
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
@@ -37,8 +43,9 @@ TARGET = dict(vocab_size=4096, hidden_size=256, intermediate_size=688, num_hidde
               num_key_value_heads=2, head_dim=64, tie_word_embeddings=False)
 DRAFT_VOCAB = 1024
 BUDGETS = dict(max_tokens_per_batch=2048, tokens_per_step=4096)
-K, DECAY = 3, 0.8
+K = 3
 ROUNDS = 5
+RECIPE = yaml.safe_load((REPO / "config.yaml").read_text())["train"]  # the demo's recipe
 
 
 def write_data(root):
@@ -77,12 +84,53 @@ def timed(fn):
     return time.perf_counter() - start
 
 
-def loop_pass(run, num_workers):
-    """One epoch of the real loop from step 0."""
+def loop_pass(run, num_workers, recipe=None):
+    """One epoch of the real loop from step 0 (`recipe`: the train settings it reads, by default
+    config.yaml's)."""
     from eaglenest.train.loop import Progress, train_steps
 
-    train_steps(run, Progress(), None, ttt_steps=K, step_weight_decay=DECAY, max_grad_norm=0.5, log_every=10**9,
+    recipe = recipe or RECIPE
+    train_steps(run, Progress(), None, ttt_steps=K, step_weight_decay=recipe["step_weight_decay"],
+                max_grad_norm=recipe["max_grad_norm"], supervise=recipe["supervise"], log_every=10**9,
                 num_workers=num_workers, pin_memory=False, bf16=False, resume_dir=None, checkpoint_every=10**9)
+
+
+def new_run(shards, root, recipe, geometry=None):
+    """start_run on the written data with a recipe's train settings."""
+    from eaglenest.states.manifest import read_manifest
+    from eaglenest.train.loop import start_run
+
+    settings = {key: recipe[key] for key in ("lr", "warmup", "schedule", "optimizer", "weight_decay", "muon_lr",
+                                             "muon_weight_decay", "train_lm_head")}
+    return start_run(shards, read_manifest(root / "manifest.json"), root / "d2t.pt", root / "t2d.pt", root / "target",
+                     False, seed=0, ttt_steps=K, epochs=1, max_steps=None, heldout_fraction=0.0, init_from=None,
+                     drafter_geometry=geometry, device="cpu", **BUDGETS, **settings)
+
+
+def recipes_side_by_side(names):
+    """Seconds per optimizer step of the loop under each recipe (recipe_ablation.VARIANTS), alternating."""
+    from recipe_ablation import demo_config, settings
+
+    config = demo_config()
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(tmp)
+        shards = write_data(root)
+        runs = {}
+        for name in names:
+            train, drafter = settings(name, config)
+            runs[name] = (new_run(shards, root, train, drafter), train)
+            loop_pass(runs[name][0], 0, train)  # warm-up
+        steps = len(runs[names[0]][0].plan(0))
+        seconds = {name: [] for name in names}
+        for _ in range(ROUNDS):
+            for name, (run, train) in runs.items():
+                seconds[name].append(timed(lambda: loop_pass(run, 0, train)) / steps)
+    print(f"{steps} optimizer steps a pass; CPU, 1 thread; medians of {ROUNDS} rounds\n")
+    print("| recipe | seconds per step | ratio to " + names[0] + " |")
+    print("|---|---|---|")
+    for name in names:
+        ratio = statistics.median(t / b for t, b in zip(seconds[name], seconds[names[0]]))
+        print(f"| {name} | {statistics.median(seconds[name]):.3f} | **{ratio:.2f}** |")
 
 
 def bare_inputs(run, steps):
@@ -108,9 +156,10 @@ def bare_pass(run, inputs):
     from eaglenest.train.loss import soft_ce_loss
 
     for normalisers, batches in inputs:
-        run.optimizer.zero_grad(set_to_none=True)
+        run.optimizer.zero_grad()
         for ids, aux, mask, probs, in_vocab in batches:
-            loss, _ = soft_ce_loss(run.drafter(ids, aux, K), probs, in_vocab, mask, normalisers, DECAY)
+            loss, _ = soft_ce_loss(run.drafter(ids, aux, K), probs, in_vocab, mask, normalisers,
+                                   RECIPE["step_weight_decay"])
             loss.backward()
         run.optimizer.step()
 
@@ -128,16 +177,13 @@ def parts_alone(run, steps):
 
 
 def main():
-    from eaglenest.states.manifest import read_manifest
-    from eaglenest.train.loop import start_run
-
     torch.set_num_threads(1)
+    if sys.argv[1:2] == ["--recipes"]:
+        return recipes_side_by_side(sys.argv[2].split(","))
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
         shards = write_data(root)
-        run = start_run(shards, read_manifest(root / "manifest.json"), root / "d2t.pt", root / "t2d.pt",
-                        root / "target", False, seed=0, ttt_steps=K, epochs=1, max_steps=None, lr=1e-4, warmup=0,
-                        heldout_fraction=0.0, init_from=None, drafter_geometry=None, device="cpu", **BUDGETS)
+        run = new_run(shards, root, RECIPE | {"lr": 1e-4, "warmup": 0})
         steps = run.plan(0)
         micro = [b for step in steps for b in step]
         lengths = [end - start for _, start, end, _ in run.samples.index]

@@ -78,6 +78,7 @@ VLLM_RUN_PARAMS = {
     "suites": SUITES,
     "temperatures": config["eval"]["temperatures"],
     "concurrency": config["eval"]["concurrency"],
+    "latency_prompts": config["eval"]["latency_prompts"],
     "max_tokens": config["eval"]["max_tokens"],
     "seed": config["eval"]["seed"],
     "vllm": artifact_settings(config, "vllm"),  # speed and placement: read from the config (docs/REBUILDING.md)

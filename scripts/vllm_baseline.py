@@ -13,6 +13,7 @@ if __name__ == "__main__":  # vLLM starts worker processes that import this file
         suites=snakemake.params.suites,
         temperatures=snakemake.params.temperatures,
         concurrency=snakemake.params.concurrency,
+        latency_prompts=snakemake.params.latency_prompts,
         max_tokens=snakemake.params.max_tokens,
         extra_tokens=snakemake.params.extra_tokens,
         seed=snakemake.params.seed,

@@ -15,6 +15,7 @@ if __name__ == "__main__":  # vLLM starts worker processes that import this file
         suites=snakemake.params.suites,
         temperatures=snakemake.params.temperatures,
         concurrency=snakemake.params.concurrency,
+        latency_prompts=snakemake.params.latency_prompts,
         max_tokens=snakemake.params.max_tokens,
         seed=snakemake.params.seed,
         max_divergent_share=snakemake.params.max_divergent_share,

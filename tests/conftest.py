@@ -162,7 +162,7 @@ FAST = {  # the demo, shrunk so that a whole run takes a few minutes on 2 cores
     "generate": {"max_tokens": 64},
     "hidden_states": {"num_shards": 3},
     "train": {"epochs": 2},
-    "eval": {"max_tokens": 64, "max_prompts": 16, "concurrency": [2, 4]},
+    "eval": {"max_tokens": 64, "max_prompts": 16, "latency_prompts": 8, "concurrency": [2, 4]},
 }
 FAST_PROMPTS = 300  # of the demo's 2,000, each answered at temperatures 0 and 1 (eval's): 21 held out
 

@@ -13,9 +13,11 @@ import sys
 import time
 
 import pytest
+import yaml
 
 from conftest import REPO, edit_config, planned, snakemake
 from eaglenest.states.parts import shard_of
+from eaglenest.train.init_drafter import NORM_DEFAULTS
 
 MANIFEST = "results/hidden_states/manifest.json"
 RAW = "results/responses/raw_responses.jsonl"
@@ -26,6 +28,9 @@ DOWNSTREAM_OF_TRAINING = {"train_drafter", "export_eagle", "check_drafter", "eva
                           "evaluate_vllm", "summary", "report_figures", "all"}
 NEW_STATES = {"agreement_states"}  # other aux layers or dtype: the agreement check's states too
 PLAN = {"plan", "report_figures", "all"}  # the plan and the report that shows it
+# the recipe settings turned from the workflow's defaults
+OTHER_OPTIMIZER = {"adamw": "muon", "muon": "adamw"}[yaml.safe_load((REPO / "config.yaml").read_text())["train"]["optimizer"]]
+FLIPPED_NORMS = {flag: not value for flag, value in NORM_DEFAULTS.items()}
 
 
 def shard_files(workdir):
@@ -100,12 +105,18 @@ def test_editing_one_sample_reextracts_only_its_shard_and_dry_run_names_it(workd
                                               "hidden_states_manifest", "eval_prompts", "vllm_baseline"}
          | PLAN | DOWNSTREAM_OF_TRAINING | NEW_STATES, 3),
         ({"train": {"lr": 0.002}}, DOWNSTREAM_OF_TRAINING, 0),  # the plan does not depend on it
+        ({"train": {"supervise": "all", "step_weight_decay": 1.0, "schedule": "linear", "max_grad_norm": 1.0}},
+         DOWNSTREAM_OF_TRAINING, 0),  # the recipe retrains, and nothing upstream
+        ({"train": {"optimizer": OTHER_OPTIMIZER, "train_lm_head": False}}, PLAN | DOWNSTREAM_OF_TRAINING, 0),  # its memory
+        ({"drafter": FLIPPED_NORMS}, PLAN | DOWNSTREAM_OF_TRAINING, 0),  # the norms retrain (and change its memory)
         ({"train": {"epochs": 3, "tokens_per_step": 80}}, PLAN | DOWNSTREAM_OF_TRAINING, 0),  # epochs: the plan's training time
         ({"vocab": {"draft_vocab_size": 96}}, {"vocab_map"} | PLAN | DOWNSTREAM_OF_TRAINING, 0),
         ({"eval": {"max_prompts": 40}}, {"eval_prompts", "vllm_baseline", "vllm_speculative", "agreement_states",
                                          "evaluate_vllm", "summary", "report_figures", "all"}, 0),
         ({"eval": {"temperatures": [0.0]}, "generate": {"temperatures": [0.0, 1.0]}},  # generation pinned: eval alone
          {"vllm_baseline", "vllm_speculative", "agreement_states", "evaluate_vllm", "summary", "report_figures", "all"}, 0),
+        ({"eval": {"latency_prompts": 4}}, {"vllm_baseline", "vllm_speculative", "agreement_states", "evaluate_vllm",
+                                            "summary", "report_figures", "all"}, 0),
         ({"eval": {"agreement_standard_errors": 4}}, {"evaluate_vllm", "summary", "report_figures", "all"}, 0),
         ({"eval": {"agreement_tolerance": 0.1}}, {"evaluate_vllm", "summary", "report_figures", "all"}, 0),  # the check alone, no vLLM run
     ],

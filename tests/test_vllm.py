@@ -71,6 +71,7 @@ def speculative_runs(built, tmp_path, drafter, **grid):
                    drafter, results / "eval/vllm_baseline_outputs.jsonl", out, num_speculative_tokens=3,
                    suites=grid.get("suites", SUITES), temperatures=grid.get("temperatures", TEMPERATURES),
                    concurrency=grid.get("concurrency", CONCURRENCY), max_tokens=64, seed=0, max_divergent_share=0.25,
+                   latency_prompts=FAST["eval"]["latency_prompts"],
                    vllm=VLLM, trust_remote_code=False, end_of_turn="<|im_end|>")
     return out
 
@@ -99,7 +100,11 @@ def test_every_run_is_recorded_and_its_figures_hold_together(built, evaluation):
         assert run["mean_acceptance_length"] == pytest.approx(1 + sum(run["acceptance_rate_per_position"]))
         assert run["tokens_per_s_without_speculation"] == plain[key]["tokens_per_s"]
         assert run["speedup"] == pytest.approx(run["tokens_per_s_with_speculation"] / plain[key]["tokens_per_s"])
-        assert run["prompts"] == plain[key]["prompts"] == len(texts[key]) == metrics["suites"][run["suite"]]
+        # the largest concurrency runs every prompt of the suite, a smaller one the first latency_prompts
+        top = (run["suite"], run["temperature"], max(CONCURRENCY))
+        expected = metrics["suites"][run["suite"]] if key == top else FAST["eval"]["latency_prompts"]
+        assert run["prompts"] == plain[key]["prompts"] == len(texts[key]) == expected
+        assert [o["id"] for o in texts[key]] == [o["id"] for o in texts[top]][:expected]
         gaps = [abs(a - b) for a, b in zip(run["acceptance_rate_per_position"],
                                            run["offline"]["acceptance_rate_per_position"])]
         assert run["agrees"] and run["max_disagreement"] == max(gaps)
@@ -258,7 +263,7 @@ def test_the_offline_side_reads_the_agreement_states_never_the_target_model(buil
     assert info["backend"] == "hf" and info["aux_layer_ids"] == [2, 4, 5]
     assert info["layer_ids"] == [1, 2, 3, 4, 5, 6]  # and one lower, one higher: vLLM's default is the trained one
     assert [(t["suite"], t["temperature"], t["concurrency"]) for t in info["texts"]] == [
-        (s, t, CONCURRENCY[0]) for s in SUITES for t in TEMPERATURES]  # each suite and temperature's first concurrency
+        (s, t, max(CONCURRENCY)) for s in SUITES for t in TEMPERATURES]  # the largest concurrency: every prompt
     assert "results/eval/agreement_states (hf backend" in (results / "logs/evaluate_vllm.log").read_text()
 
 

@@ -207,11 +207,13 @@ def evaluate_vllm(baseline_path, outputs_path, speculative_paths, states_dir, ta
     log.info("offline side: %d samples of %s (%s backend, %s, layers %s); no target model loaded", len(states),
              states_dir, states.info["backend"], states.info["dtype"], states.info["layer_ids"])
     max_tokens = baseline["max_tokens"]
-    offline, ceiling = {}, {}
+    offline, ceiling = {}, {}  # by (suite, temperature, prompts): a run of n prompts ran the suite's first n
     for suite, t, indices in texts:
-        offline[suite, t], ceiling[suite, t] = offline_estimates(states, indices, [(drafter, aux_layer_ids)], Ks,
-                                                                 temperature=t, max_tokens=max_tokens, head=head,
-                                                                 device=device, ceiling=True)
+        sizes = {r["prompts"] for spec in speculative for r in spec["runs"] if (r["suite"], r["temperature"]) == (suite, t)}
+        for n in sorted(sizes):
+            offline[suite, t, n], ceiling[suite, t, n] = offline_estimates(
+                states, indices[:n], [(drafter, aux_layer_ids)], Ks, temperature=t, max_tokens=max_tokens, head=head,
+                device=device, ceiling=True)
     plain = {(r["suite"], r["temperature"], r["concurrency"]): r for r in baseline["runs"]}
     sampled = sum(spec["num_speculative_tokens"] * sum(r["temperature"] > 0 for r in spec["runs"])
                   for spec in speculative)  # positions compared at temperature > 0
@@ -220,23 +222,24 @@ def evaluate_vllm(baseline_path, outputs_path, speculative_paths, states_dir, ta
     for spec in speculative:
         for run in spec["runs"]:
             key, K = (run["suite"], run["temperature"]), spec["num_speculative_tokens"]
-            estimate_k = offline[key][K]
+            estimate_k = offline[key + (run["prompts"],)][K]
             limits = tolerance(estimate_k, run["temperature"], agreement_tolerance=agreement_tolerance, z=z)
-            runs.append(speculative_run(spec, run, plain[key + (run["concurrency"],)], estimate_k, ceiling[key][K],
-                                        limits))
+            runs.append(speculative_run(spec, run, plain[key + (run["concurrency"],)], estimate_k,
+                                        ceiling[key + (run["prompts"],)][K], limits))
             log.info("%s T=%g c=%d K=%d: vLLM %s, offline %s, tolerance %s: %s; ceiling %s", *key, run["concurrency"],
                      K, _rates(runs[-1]), _rates(estimate_k), " / ".join(f"{t:.3f}" for t in limits),
-                     "agree" if runs[-1]["agrees"] else "DISAGREE", _rates(ceiling[key][K]))
+                     "agree" if runs[-1]["agrees"] else "DISAGREE", _rates(ceiling[key + (run["prompts"],)][K]))
     if failing := [r for r in runs if not r["agrees"]]:
         first = failing[0]
         indices = next(i for suite, t, i in texts if (suite, t) == (first["suite"], first["temperature"]))
+        indices = indices[: first["prompts"]]
         raise disagreement(failing, len(runs), diagnose(states, indices, first, drafter, aux_layer_ids,
                                                         manifest["num_layers"], max_tokens=max_tokens, head=head,
                                                         device=device))
     metrics = {
         "vllm_version": speculative[0]["vllm_version"],
         "max_tokens": max_tokens,
-        "suites": {suite: plain[(suite, t, c)]["prompts"] for suite, t, c in plain},
+        "suites": {suite: max(r["prompts"] for (s, _, _), r in plain.items() if s == suite) for suite, _, _ in plain},
         "temperatures": sorted({t for _, t, _ in plain}),
         "num_speculative_tokens": Ks,
         "concurrency": sorted({c for _, _, c in plain}),

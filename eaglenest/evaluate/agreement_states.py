@@ -2,7 +2,7 @@
 hidden_states stage's own backend, never by a second copy of the target.
 
 The check replays vLLM's drafting on the baseline's continuations (rule vllm_baseline: at each
-suite and temperature's first concurrency, reference_samples), so it needs the target's aux
+suite and temperature's largest concurrency, reference_samples), so it needs the target's aux
 states of every such prompt + continuation, and its final state for the target's probabilities
 above temperature 0. At the real target's scale (Kimi-K2.5: 61 layers, ~1T parameters, TP 8)
 only the configured backend can produce them, so they come from it with rule hidden_states'
@@ -66,13 +66,19 @@ def text_key(suite, temperature, prompt_id):
 
 
 def reference_samples(outputs_path):
-    """vllm_baseline's continuations at each (suite, temperature)'s first concurrency (the text the
-    offline side replays) as samples {"id": text_key, "input_ids", "loss_mask"} (prompt +
-    continuation, loss_mask on the continuation), and the texts [{"suite", "temperature",
-    "concurrency", "samples"}] in order."""
-    samples, texts, first = [], [], {}
-    for o in read_objects(outputs_path):
-        if first.setdefault((o["suite"], o["temperature"]), o["concurrency"]) != o["concurrency"]:
+    """vllm_baseline's continuations at each (suite, temperature)'s largest concurrency (the text the
+    offline side replays: every prompt of the suite, of which the smaller concurrencies ran the
+    first ones) as samples {"id": text_key, "input_ids", "loss_mask"} (prompt + continuation,
+    loss_mask on the continuation), and the texts [{"suite", "temperature", "concurrency",
+    "samples"}] in order."""
+    outputs = list(read_objects(outputs_path))
+    top = {}
+    for o in outputs:
+        key = (o["suite"], o["temperature"])
+        top[key] = max(top.get(key, o["concurrency"]), o["concurrency"])
+    samples, texts = [], []
+    for o in outputs:
+        if o["concurrency"] != top[o["suite"], o["temperature"]]:
             continue
         if not texts or (texts[-1]["suite"], texts[-1]["temperature"]) != (o["suite"], o["temperature"]):
             texts.append({"suite": o["suite"], "temperature": o["temperature"], "concurrency": o["concurrency"],

@@ -88,9 +88,14 @@ class EvalEngine(EngineHolder):
         return result
 
 
-def grid(suites, temperatures, concurrency):
-    """Every (suite, temperature, concurrency) in a fixed order."""
-    return [(s, t, c) for s in suites for t in temperatures for c in concurrency]
+def grid(prompts, suites, temperatures, concurrency, latency_prompts):
+    """Every (suite, temperature, concurrency, its prompts) in a fixed order. The largest
+    concurrency runs every prompt of the suite: its acceptance is the suite's (acceptance does not
+    depend on how many requests share a step). A smaller one, which measures latency-bound speed,
+    runs the first `latency_prompts` (None: all)."""
+    top = max(concurrency)
+    return [(s, t, c, prompts[s] if c == top else prompts[s][:latency_prompts])
+            for s in suites for t in temperatures for c in concurrency]
 
 
 def run_entry(suite, temperature, concurrency, result, prompts):
@@ -101,7 +106,7 @@ def run_entry(suite, temperature, concurrency, result, prompts):
 
 
 def vllm_baseline(prompt_paths, target_dir, runs_path, outputs_path, *, suites, temperatures, concurrency, max_tokens,
-                  extra_tokens, seed, vllm, trust_remote_code, end_of_turn):
+                  extra_tokens, seed, vllm, trust_remote_code, end_of_turn, latency_prompts=None):
     """The target alone in vLLM, one engine for every (suite, temperature, concurrency): writes
     vllm_baseline.json (each run's speed) and the continuations (JSONL, one line per run and
     prompt, `max_tokens + extra_tokens` tokens at most: see the module docstring)."""
@@ -111,8 +116,7 @@ def vllm_baseline(prompt_paths, target_dir, runs_path, outputs_path, *, suites, 
     with EvalEngine(target_dir, vllm, trust_remote_code=trust_remote_code, end_of_turn=end_of_turn,
                     concurrency=concurrency, seed=seed) as engine:
         with atomic_path(outputs_path) as tmp, open(tmp, "w") as f:
-            for suite, temperature, c in grid(suites, temperatures, concurrency):
-                entries = prompts[suite]
+            for suite, temperature, c, entries in grid(prompts, suites, temperatures, concurrency, latency_prompts):
                 result = engine.run(suite, entries, temperature, c, max_tokens + extra_tokens, "without the drafter")
                 runs.append(run_entry(suite, temperature, c, result, len(entries)))
                 for entry, tokens, reason in zip(entries, result["token_ids"], result["finish_reasons"]):
@@ -137,7 +141,7 @@ def baseline_texts(outputs_path, max_tokens):
 
 def vllm_speculative(prompt_paths, target_dir, drafter_dir, baseline_outputs, runs_path, *, num_speculative_tokens,
                      suites, temperatures, concurrency, max_tokens, seed, max_divergent_share, vllm, trust_remote_code,
-                     end_of_turn):
+                     end_of_turn, latency_prompts=None):
     """The target with the drafter at K = `num_speculative_tokens`, one engine for every (suite,
     temperature, concurrency): writes K's runs (vLLM's counters, speed, and at temperature 0 how
     speculation changed the baseline's greedy text); fails when it changed it."""
@@ -148,8 +152,7 @@ def vllm_speculative(prompt_paths, target_dir, drafter_dir, baseline_outputs, ru
     runs, label = [], f"K={num_speculative_tokens}"
     with EvalEngine(target_dir, vllm, trust_remote_code=trust_remote_code, end_of_turn=end_of_turn,
                     concurrency=concurrency, seed=seed, speculative_config=spec) as engine:
-        for suite, temperature, c in grid(suites, temperatures, concurrency):
-            entries = prompts[suite]
+        for suite, temperature, c, entries in grid(prompts, suites, temperatures, concurrency, latency_prompts):
             result = engine.run(suite, entries, temperature, c, max_tokens, label)
             run = run_entry(suite, temperature, c, result, len(entries)) | {"counters": result["counters"]}
             if temperature == 0:
