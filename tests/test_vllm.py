@@ -5,6 +5,7 @@ other than the trained one, greedy and sampled; its offline side reading the tar
 rule agreement_states (the hidden-state backend: HF here, vLLM when configured), never loading
 the target model."""
 
+import dataclasses
 import json
 import os
 import re
@@ -19,7 +20,10 @@ from safetensors.torch import load_file, save_file
 
 from conftest import FAST, REPO, edit_config, snakemake
 from eaglenest.data.samples import is_heldout
-from eaglenest.data.target import read_target_tensors
+from eaglenest.data.target import read_target_tensors, target_architectures
+from eaglenest.drafter.export import export_eagle, write_drafter
+from eaglenest.drafter.load import load_drafter
+from eaglenest.drafter.model import Drafter
 from eaglenest.data.tokenizer import load_tokenizer, special_token_id
 from eaglenest.evaluate.agreement import evaluate_vllm
 from eaglenest.evaluate.agreement_states import AgreementStates, agreement_layer_ids
@@ -181,6 +185,43 @@ def test_the_eagle_export_drafts_exactly_like_the_speculators_one(built, evaluat
     assert stopped and all(ids[-1] == stop_id and len(ids) < 64 for ids in stopped)
     run = next(r for r in metrics["runs"] if (r["suite"], r["temperature"], r["num_speculative_tokens"],
                                               r["concurrency"]) == ("heldout", 0.0, 3, 4))
+    assert eagle["counters"] == run["counters"]
+
+
+def test_every_norm_flag_loads_in_vllm_from_both_exports_and_drafts_as_we_compute_it(built, evaluation, tmp_path):
+    """The "EAGLE 3.1" flags as vLLM reads them from each export: the built drafter's weights with
+    norm_before_residual, norm_before_fc and norm_output on (an input_norm of its own, around 1),
+    written in both formats. vLLM loads each; its counters equal the offline estimate of that
+    drafter as eaglenest computes it (the greedy agreement check: a flag vLLM read otherwise would
+    draft otherwise), greedy text is unchanged, and the EAGLE export drafts exactly as the
+    speculators one."""
+    results = built / "results"
+    trained = load_drafter(results / "drafter")
+    config = dataclasses.replace(trained.config, norm_before_residual=True, norm_before_fc=True, norm_output=True)
+    drafter = Drafter(config)
+    drafter.load_state_dict(trained.state_dict(), strict=False)
+    with torch.no_grad():
+        drafter.input_norm.weight.copy_(1 + 0.1 * torch.randn(config.target_hidden_size * 3,
+                                                              generator=torch.Generator().manual_seed(0)))
+    flagged = tmp_path / "flagged"
+    flagged.mkdir()
+    write_drafter(drafter, flagged, verifier_name_or_path=results / "target",
+                  verifier_architectures=target_architectures(results / "target"), speculative_tokens=3,
+                  dtype=torch.float32)
+    export_eagle(flagged, tmp_path / "flagged_eagle")
+    (tmp_path / "trained.json").write_text(json.dumps(config.to_dict()))
+    speculative = speculative_runs(built, tmp_path, flagged, suites=["heldout"], temperatures=[0.0], concurrency=[4])
+    metrics = evaluate_vllm(
+        results / "eval/vllm_baseline.json", results / "eval/vllm_baseline_outputs.jsonl", [speculative],
+        results / "eval/agreement_states", results / "target", flagged, tmp_path / "trained.json",
+        results / "hidden_states/manifest.json", results / "vocab/d2t.pt", results / "vocab/t2d.pt",
+        tmp_path / "vllm_metrics.json", agreement_tolerance=0.05, agreement_standard_errors=3, device="cpu")
+    [run] = metrics["runs"]
+    assert run["agrees"] and run["greedy_text_unchanged"]
+    held = evaluation[2][("heldout", 0.0, 4)]
+    eagle = run_in_process("eval_run", tmp_path, results / "target", [o["prompt_token_ids"] for o in held],
+                           drafter=tmp_path / "flagged_eagle", num_speculative_tokens=3, concurrency=4,
+                           max_tokens=64, vllm=VLLM)
     assert eagle["counters"] == run["counters"]
 
 
