@@ -9,9 +9,12 @@ prompts) runs once, and speculation must leave its greedy text unchanged (vLLM's
 float32 is bit-exact). Each variant runs in a fresh process (one vLLM engine each) and leaves its
 figures in result.json, so an interrupted benchmark resumes where it stopped. Per variant:
 training steps and seconds per step, vLLM's acceptance per position, mean acceptance length.
+`--temperature 1`: the drafters already trained served again at temperature 1 (each request
+seeded by its prompt, as eval.seed does), against a baseline of its own (result_t1.json).
 
     .venv/bin/python bench/recipe_ablation.py                      # every VARIANTS entry, seed 0
     .venv/bin/python bench/recipe_ablation.py --variants ours,norms+muon --seeds 0,1
+    .venv/bin/python bench/recipe_ablation.py --variants ours,muon --seeds 0,1 --temperature 1
 """
 
 import argparse
@@ -70,24 +73,31 @@ def demo_config():
     return yaml.safe_load((REPO / "config.yaml").read_text())
 
 
-def baseline(config):
-    """The held-out prompts (all of them) and the target's greedy text, once for every variant."""
+def baseline(config, temperature=0.0):
+    """The held-out prompts (all of them) and the target's text at `temperature`, once for every variant."""
     from eaglenest.evaluate.online import vllm_baseline
     from eaglenest.evaluate.suites import write_suite_prompts
     prompts = OUT / "heldout.jsonl"
     if not prompts.exists():
         write_suite_prompts(prompts, "heldout", tokenized_path=DEMO / "data/tokenized_data.jsonl",
                             heldout_fraction=config["train"]["heldout_fraction"], max_prompts=10**9, tokenize=None)
-    if not (OUT / "baseline_outputs.jsonl").exists():
-        vllm_baseline([prompts], DEMO / "target", OUT / "baseline.json", OUT / "baseline_outputs.jsonl",
-                      suites=["heldout"], temperatures=[0.0], concurrency=[CONCURRENCY], max_tokens=MAX_TOKENS,
-                      extra_tokens=K, seed=0, vllm=config["vllm"], trust_remote_code=False,
+    outputs = OUT / f"baseline_outputs{suffix(temperature)}.jsonl"
+    if not outputs.exists():
+        vllm_baseline([prompts], DEMO / "target", OUT / f"baseline{suffix(temperature)}.json", outputs,
+                      suites=["heldout"], temperatures=[temperature], concurrency=[CONCURRENCY],
+                      max_tokens=MAX_TOKENS, extra_tokens=K, seed=0, vllm=config["vllm"], trust_remote_code=False,
                       end_of_turn=config["tokenize"]["end_of_turn"])
-    return prompts
+    return prompts, outputs
 
 
-def run_variant(variant, seed, cores):
-    """Train one variant at one seed and serve it: results/recipe/<variant>_s<seed>/result.json."""
+def suffix(temperature):
+    """The result and baseline file names' suffix: none at temperature 0."""
+    return "" if temperature == 0 else f"_t{temperature:g}"
+
+
+def run_variant(variant, seed, cores, temperature=0.0):
+    """Train one variant at one seed (unless done) and serve it at `temperature`:
+    results/recipe/<variant>_s<seed>/result.json (result_t1.json at temperature 1)."""
     import torch
     from eaglenest.evaluate.agreement import online_acceptance
     from eaglenest.evaluate.online import vllm_speculative
@@ -97,32 +107,34 @@ def run_variant(variant, seed, cores):
     root = OUT / f"{variant}_s{seed}"
     root.mkdir(parents=True, exist_ok=True)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s", force=True,
-                        handlers=[logging.FileHandler(root / "log.txt", mode="w")])
+                        handlers=[logging.FileHandler(root / f"log{suffix(temperature)}.txt", mode="w")])
     train, drafter = settings(variant, config)
-    prompts = baseline(config)
+    prompts, outputs = baseline(config, temperature)
     shards = sorted(str(p) for p in (DEMO / "hidden_states").glob("shard_*.safetensors"))
     train |= {"seed": seed, "device": "cpu"}
-    train_drafter(shards, DEMO / "hidden_states/manifest.json", DEMO / "vocab/d2t.pt", DEMO / "vocab/t2d.pt",
-                  DEMO / "target", root / "drafter", root / "train_log.tsv", drafter_geometry=drafter, **train)
-    runs = vllm_speculative([prompts], DEMO / "target", root / "drafter", OUT / "baseline_outputs.jsonl",
-                            root / "vllm.json", num_speculative_tokens=K, suites=["heldout"], temperatures=[0.0],
+    if not (root / "drafter").exists():
+        train_drafter(shards, DEMO / "hidden_states/manifest.json", DEMO / "vocab/d2t.pt", DEMO / "vocab/t2d.pt",
+                      DEMO / "target", root / "drafter", root / "train_log.tsv", drafter_geometry=drafter, **train)
+    runs = vllm_speculative([prompts], DEMO / "target", root / "drafter", outputs,
+                            root / f"vllm{suffix(temperature)}.json", num_speculative_tokens=K, suites=["heldout"], temperatures=[temperature],
                             concurrency=[CONCURRENCY], max_tokens=MAX_TOKENS, seed=0, max_divergent_share=0.0,
                             vllm=config["vllm"], trust_remote_code=False, end_of_turn=config["tokenize"]["end_of_turn"])
     rows = list(csv.DictReader(open(root / "train_log.tsv"), delimiter="\t"))
     run = runs["runs"][0]
-    result = {"variant": variant, "seed": seed, "steps": int(rows[-1]["step"]),
+    result = {"variant": variant, "seed": seed, "temperature": temperature, "steps": int(rows[-1]["step"]),
               "train_s": float(rows[-1]["elapsed_s"]), "prompts": run["prompts"],
-              "greedy_text_unchanged": run["greedy_text_unchanged"], **online_acceptance(run["counters"])}
-    (root / "result.json").write_text(json.dumps(result, indent=1) + "\n")
+              "greedy_text_unchanged": run.get("greedy_text_unchanged", "n/a"), **online_acceptance(run["counters"])}
+    (root / f"result{suffix(temperature)}.json").write_text(json.dumps(result, indent=1) + "\n")
 
 
 def table(results):
-    print("| recipe | seed | steps | s/step | acceptance per position (vLLM, K=3) | mean acceptance length "
+    print("| recipe | seed | T | steps | s/step | acceptance per position (vLLM, K=3) | mean acceptance length "
           "| greedy text unchanged |")
-    print("|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|")
     for r in results:
         rates = " / ".join(f"{a:.3f}" for a in r["acceptance_rate_per_position"])
-        print(f"| {r['variant']} | {r['seed']} | {r['steps']:,} | {r['train_s'] / r['steps']:.3f} | {rates} "
+        print(f"| {r['variant']} | {r['seed']} | {r.get('temperature', 0):g} | {r['steps']:,} "
+              f"| {r['train_s'] / r['steps']:.3f} | {rates} "
               f"| **{r['mean_acceptance_length']:.3f}** | {r['greedy_text_unchanged']} ({r['prompts']} prompts) |")
 
 
@@ -131,19 +143,20 @@ def main():
     parser.add_argument("--variants", default=",".join(VARIANTS), help="VARIANTS names, comma-separated; a+b: both")
     parser.add_argument("--seeds", default="0")
     parser.add_argument("--cores", type=int, default=2)
+    parser.add_argument("--temperature", type=float, default=0.0)
     parser.add_argument("--one", nargs=2, metavar=("VARIANT", "SEED"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.one:
-        return run_variant(args.one[0], int(args.one[1]), args.cores)
+        return run_variant(args.one[0], int(args.one[1]), args.cores, args.temperature)
     if not (DEMO / "hidden_states/manifest.json").is_file():
         sys.exit("results/hidden_states is missing: run `make demo` first")
     results = []
     for variant in args.variants.split(","):
         for seed in map(int, args.seeds.split(",")):
-            path = OUT / f"{variant}_s{seed}/result.json"
+            path = OUT / f"{variant}_s{seed}/result{suffix(args.temperature)}.json"
             if not path.exists():
-                subprocess.run([sys.executable, __file__, "--one", variant, str(seed), "--cores", str(args.cores)],
-                               check=True)
+                subprocess.run([sys.executable, __file__, "--one", variant, str(seed), "--cores", str(args.cores),
+                                "--temperature", str(args.temperature)], check=True)
                 print(f"{variant} seed {seed} done", file=sys.stderr, flush=True)
             results.append(json.loads(path.read_text()))
     table(results)

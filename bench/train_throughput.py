@@ -20,10 +20,12 @@ alone (reading + collate + cast; the target head) to say where time goes.
 
 `--recipes a,b`: instead, the loop (num_workers 0) of each training recipe of
 bench/recipe_ablation.py's VARIANTS on the same data, alternating, ROUNDS times: seconds per
-optimizer step (median) and its ratio to the first recipe's in the same round (median).
+optimizer step (median) and its ratio to the first recipe's in the same round (median). With
+`--demo`, on an earlier `make demo`'s shards, vocabulary, target and geometry (results/), the
+first DEMO_STEPS optimizer steps, on 2 threads: the step as the demo trains it.
 
     .venv/bin/python bench/train_throughput.py    # prints a Markdown table (~7 min on 2 cores)
-    .venv/bin/python bench/train_throughput.py --recipes ours,muon
+    .venv/bin/python bench/train_throughput.py --recipes ours,muon [--demo]
 """
 
 import statistics
@@ -45,6 +47,7 @@ DRAFT_VOCAB = 1024
 BUDGETS = dict(max_tokens_per_batch=2048, tokens_per_step=4096)
 K = 3
 ROUNDS = 5
+DEMO_STEPS = 150  # --demo: optimizer steps a pass
 RECIPE = yaml.safe_load((REPO / "config.yaml").read_text())["train"]  # the demo's recipe
 
 
@@ -107,25 +110,41 @@ def new_run(shards, root, recipe, geometry=None):
                      drafter_geometry=geometry, device="cpu", **BUDGETS, **settings)
 
 
-def recipes_side_by_side(names):
-    """Seconds per optimizer step of the loop under each recipe (recipe_ablation.VARIANTS), alternating."""
+def demo_run(recipe, geometry):
+    """start_run on `make demo`'s results/ with a recipe's settings and the demo's budgets, DEMO_STEPS steps."""
+    from eaglenest.states.manifest import read_manifest
+    from eaglenest.train.loop import start_run
+
+    results = REPO / "results"
+    keys = ("lr", "warmup", "schedule", "optimizer", "weight_decay", "muon_lr", "muon_weight_decay", "train_lm_head",
+            "max_tokens_per_batch", "tokens_per_step", "heldout_fraction", "epochs")
+    return start_run(sorted((results / "hidden_states").glob("shard_*.safetensors")),
+                     read_manifest(results / "hidden_states/manifest.json"), results / "vocab/d2t.pt",
+                     results / "vocab/t2d.pt", results / "target", False, seed=0, ttt_steps=K, max_steps=DEMO_STEPS,
+                     init_from=None, drafter_geometry=geometry, device="cpu", **{key: recipe[key] for key in keys})
+
+
+def recipes_side_by_side(names, demo):
+    """Seconds per optimizer step of the loop under each recipe (recipe_ablation.VARIANTS),
+    alternating: on the synthetic data, or (`demo`) on make demo's."""
     from recipe_ablation import demo_config, settings
 
     config = demo_config()
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
-        shards = write_data(root)
+        shards = None if demo else write_data(root)
         runs = {}
         for name in names:
             train, drafter = settings(name, config)
-            runs[name] = (new_run(shards, root, train, drafter), train)
+            runs[name] = (demo_run(train, drafter) if demo else new_run(shards, root, train, drafter), train)
             loop_pass(runs[name][0], 0, train)  # warm-up
-        steps = len(runs[names[0]][0].plan(0))
+        steps = DEMO_STEPS if demo else len(runs[names[0]][0].plan(0))
         seconds = {name: [] for name in names}
         for _ in range(ROUNDS):
             for name, (run, train) in runs.items():
                 seconds[name].append(timed(lambda: loop_pass(run, 0, train)) / steps)
-    print(f"{steps} optimizer steps a pass; CPU, 1 thread; medians of {ROUNDS} rounds\n")
+    print(f"{steps} optimizer steps a pass ({'the demo' if demo else 'synthetic data'}); CPU, "
+          f"{torch.get_num_threads()} threads; medians of {ROUNDS} rounds\n")
     print("| recipe | seconds per step | ratio to " + names[0] + " |")
     print("|---|---|---|")
     for name in names:
@@ -177,9 +196,10 @@ def parts_alone(run, steps):
 
 
 def main():
-    torch.set_num_threads(1)
+    demo = "--demo" in sys.argv
+    torch.set_num_threads(2 if demo else 1)
     if sys.argv[1:2] == ["--recipes"]:
-        return recipes_side_by_side(sys.argv[2].split(","))
+        return recipes_side_by_side(sys.argv[2].split(","), demo)
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
         shards = write_data(root)
