@@ -6,6 +6,13 @@ import json
 from eaglenest.workflow.atomic import atomic_path
 
 
+def latency_prompts(online):
+    """Which prompts the concurrencies ran: the largest every one, the others the first few."""
+    top = max(online["concurrency"])
+    fewer = [r["prompts"] for r in online["runs"] if r["concurrency"] < top]
+    return f" ({top} at once on every prompt, fewer on at most the first {max(fewer)})" if fewer else ""
+
+
 def _rates(metrics, field="acceptance_rate_per_position"):
     return " / ".join("-" if a is None else f"{a:.2f}" for a in metrics[field])
 
@@ -74,7 +81,8 @@ def write_summary(tokenize_report, coverage, train_log, offline_metrics, vllm_me
                                             for name in dict.fromkeys(r["suite"] for r in online["runs"]))
         + f"; temperatures {', '.join(f'{t:g}' for t in online['temperatures'])}; K "
         + ", ".join(map(str, online["num_speculative_tokens"])) + "; concurrency "
-        + ", ".join(map(str, online["concurrency"])) + f"; at most {online['max_tokens']} tokens each",
+        + ", ".join(map(str, online["concurrency"])) + latency_prompts(online)
+        + f"; at most {online['max_tokens']} tokens each",
         "",
         *serving_table(online),
     ]
