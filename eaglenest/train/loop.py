@@ -109,9 +109,9 @@ def train_drafter(shard_paths, manifest_path, d2t_path, t2d_path, target_dir, ou
                   tokens_per_step=8192, lr=1e-4, warmup=0, schedule="cosine", optimizer="adamw", weight_decay=0.0,
                   muon_lr=None, muon_weight_decay=0.1, max_grad_norm=0.5, supervise="in_draft_vocab",
                   train_lm_head=True, heldout_fraction=0.0, init_from=None, drafter_geometry=None, log_every=10,
-                  verifier_name_or_path=None, export_dtype=None, num_workers=0, pin_memory=False, activation_checkpointing=False, bf16=None,
-                  device=None, trained_config_path=None, resume_dir=None, checkpoint_every=50, num_processes=1,
-                  nnodes=1, launcher=""):
+                  verifier_name_or_path=None, export_dtype=None, num_workers=0, pin_memory=False,
+                  activation_checkpointing=False, bf16=None, device=None, trained_config_path=None, resume_dir=None,
+                  checkpoint_every=50, num_processes=1, nnodes=1, launcher=""):
     """Train a drafter; write it to out_dir (speculators format) and a TSV log, atomically.
 
     Trains max_steps optimizer steps if given, else `epochs` passes over the samples that are
