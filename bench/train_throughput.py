@@ -48,6 +48,7 @@ BUDGETS = dict(max_tokens_per_batch=2048, tokens_per_step=4096)
 K = 3
 ROUNDS = 5
 DEMO_STEPS = 150  # --demo: optimizer steps a pass
+RECIPE_KEYS = ("lr", "warmup", "schedule", "optimizer", "weight_decay", "muon_lr", "muon_weight_decay", "train_lm_head")
 RECIPE = yaml.safe_load((REPO / "config.yaml").read_text())["train"]  # the demo's recipe
 
 
@@ -103,8 +104,7 @@ def new_run(shards, root, recipe, geometry=None):
     from eaglenest.states.manifest import read_manifest
     from eaglenest.train.loop import start_run
 
-    settings = {key: recipe[key] for key in ("lr", "warmup", "schedule", "optimizer", "weight_decay", "muon_lr",
-                                             "muon_weight_decay", "train_lm_head")}
+    settings = {key: recipe[key] for key in RECIPE_KEYS}
     return start_run(shards, read_manifest(root / "manifest.json"), root / "d2t.pt", root / "t2d.pt", root / "target",
                      False, seed=0, ttt_steps=K, epochs=1, max_steps=None, heldout_fraction=0.0, init_from=None,
                      drafter_geometry=geometry, device="cpu", **BUDGETS, **settings)
@@ -116,8 +116,7 @@ def demo_run(recipe, geometry):
     from eaglenest.train.loop import start_run
 
     results = REPO / "results"
-    keys = ("lr", "warmup", "schedule", "optimizer", "weight_decay", "muon_lr", "muon_weight_decay", "train_lm_head",
-            "max_tokens_per_batch", "tokens_per_step", "heldout_fraction", "epochs")
+    keys = (*RECIPE_KEYS, "max_tokens_per_batch", "tokens_per_step", "heldout_fraction", "epochs")
     return start_run(sorted((results / "hidden_states").glob("shard_*.safetensors")),
                      read_manifest(results / "hidden_states/manifest.json"), results / "vocab/d2t.pt",
                      results / "vocab/t2d.pt", results / "target", False, seed=0, ttt_steps=K, max_steps=DEMO_STEPS,

@@ -363,8 +363,9 @@ class Drafter(nn.Module):
         """The first hidden state: aux [*, 3Ht] -> fc(aux) [*, H], input_norm first when
         norm_before_fc. No cast: under autocast fc casts, and a float32 copy of bf16 states
         would double their memory."""
-        aux = aux_hidden_states
-        return self.fc(self.input_norm(aux) if self.config.norm_before_fc else aux)
+        if self.config.norm_before_fc:
+            aux_hidden_states = self.input_norm(aux_hidden_states)
+        return self.fc(aux_hidden_states)
 
     def step(self, input_ids, hidden, positions, attend):
         """One draft step: input_ids [B, T], hidden [B, T, H] at `positions`

@@ -209,7 +209,8 @@ def evaluate_vllm(baseline_path, outputs_path, speculative_paths, states_dir, ta
     max_tokens = baseline["max_tokens"]
     offline, ceiling = {}, {}  # by (suite, temperature, prompts): a run of n prompts ran the suite's first n
     for suite, t, indices in texts:
-        sizes = {r["prompts"] for spec in speculative for r in spec["runs"] if (r["suite"], r["temperature"]) == (suite, t)}
+        sizes = {run["prompts"] for spec in speculative for run in spec["runs"]
+                 if (run["suite"], run["temperature"]) == (suite, t)}
         for n in sorted(sizes):
             offline[suite, t, n], ceiling[suite, t, n] = offline_estimates(
                 states, indices[:n], [(drafter, aux_layer_ids)], Ks, temperature=t, max_tokens=max_tokens, head=head,
@@ -222,13 +223,13 @@ def evaluate_vllm(baseline_path, outputs_path, speculative_paths, states_dir, ta
     for spec in speculative:
         for run in spec["runs"]:
             key, K = (run["suite"], run["temperature"]), spec["num_speculative_tokens"]
-            estimate_k = offline[key + (run["prompts"],)][K]
+            on_its_prompts = key + (run["prompts"],)
+            estimate_k, ceiling_k = offline[on_its_prompts][K], ceiling[on_its_prompts][K]
             limits = tolerance(estimate_k, run["temperature"], agreement_tolerance=agreement_tolerance, z=z)
-            runs.append(speculative_run(spec, run, plain[key + (run["concurrency"],)], estimate_k,
-                                        ceiling[key + (run["prompts"],)][K], limits))
+            runs.append(speculative_run(spec, run, plain[key + (run["concurrency"],)], estimate_k, ceiling_k, limits))
             log.info("%s T=%g c=%d K=%d: vLLM %s, offline %s, tolerance %s: %s; ceiling %s", *key, run["concurrency"],
                      K, _rates(runs[-1]), _rates(estimate_k), " / ".join(f"{t:.3f}" for t in limits),
-                     "agree" if runs[-1]["agrees"] else "DISAGREE", _rates(ceiling[key + (run["prompts"],)][K]))
+                     "agree" if runs[-1]["agrees"] else "DISAGREE", _rates(ceiling_k))
     if failing := [r for r in runs if not r["agrees"]]:
         first = failing[0]
         indices = next(i for suite, t, i in texts if (suite, t) == (first["suite"], first["temperature"]))

@@ -24,12 +24,14 @@ log = logging.getLogger(__name__)
 
 
 def heldout_prompts(tokenized_path, heldout_fraction, max_prompts):
-    """The held-out prompts, at most `max_prompts` (None: all), as suite entries named by prompt id: each once,
-    from its first sample (its answers share the prompt's tokens)."""
+    """The held-out prompts, at most `max_prompts` (None: all), as suite entries named by prompt id:
+    each once, from its first sample (its answers share the prompt's tokens)."""
     entries, seen = [], set()
     for line, sample in enumerate(read_tokenized(tokenized_path), 1):
         prompt_id = prompt_id_of(sample["id"])
-        if is_heldout(sample["id"], heldout_fraction) and prompt_id not in seen and len(entries) < (max_prompts or float("inf")):
+        if max_prompts is not None and len(entries) == max_prompts:
+            break
+        if is_heldout(sample["id"], heldout_fraction) and prompt_id not in seen:
             seen.add(prompt_id)
             entries.append({"id": prompt_id, "prompt_token_ids": sample["input_ids"][: sample["loss_mask"].index(1)],
                             "where": f"{tokenized_path}:{line}"})
@@ -40,8 +42,8 @@ def heldout_prompts(tokenized_path, heldout_fraction, max_prompts):
 
 def file_prompts(prompts_path, target_dir, max_prompts, *, trust_remote_code, chat_template_kwargs, think_start,
                  think_end, end_of_turn):
-    """The first `max_prompts` prompts (None: all) of a suite file (errors name its file:line:field), rendered
-    by the target's chat template with tokenize's settings, as generation renders them."""
+    """The first `max_prompts` prompts (None: all) of a suite file (errors name its file:line:field),
+    rendered by the target's chat template with tokenize's settings, as generation renders them."""
     tokenizer = Tokenizer(target_dir, trust_remote_code=trust_remote_code, think_start=think_start,
                           think_end=think_end, end_of_turn=end_of_turn, chat_template_kwargs=chat_template_kwargs)
     return [{"id": prompt_id, "prompt_token_ids": tokenizer.prompt(messages), "where": where}

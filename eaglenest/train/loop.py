@@ -166,8 +166,8 @@ def train_drafter(shard_paths, manifest_path, d2t_path, t2d_path, target_dir, ou
     if distributed:  # after the restore, as DDP starts by broadcasting rank 0's weights
         run.model = DistributedDataParallel(run.drafter, device_ids=[run.device.index] if run.device.type == "cuda" else None)
     train_steps(run, progress, this_run, ttt_steps=ttt_steps, step_weight_decay=step_weight_decay,
-                max_grad_norm=max_grad_norm, supervise=supervise, log_every=log_every, num_workers=num_workers, pin_memory=pin_memory,
-                bf16=bf16, resume_dir=resume_dir, checkpoint_every=checkpoint_every)
+                max_grad_norm=max_grad_norm, supervise=supervise, log_every=log_every, num_workers=num_workers,
+                pin_memory=pin_memory, bf16=bf16, resume_dir=resume_dir, checkpoint_every=checkpoint_every)
     if run.rank > 0:
         return
     export_trained(run.drafter, target_dir, out_dir, trained_config_path, ttt_steps=ttt_steps,
