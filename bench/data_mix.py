@@ -3,15 +3,15 @@
 The demo workflow runs once per mix of generate.temperatures and generate.samples_per_prompt,
 each into its own results folder (results/data_mix/<mix>), on the demo target an earlier
 `make demo` built (target.path: results/target, so every mix drafts for the same target), to
-its vLLM evaluation. All else is the demo's config, but the grid is cut to K = 3 at one request
-at once (one drafter engine a mix). The held-out split goes by prompt, so every mix is evaluated
+its vLLM evaluation. All else is the demo's config, but the grid is cut to K = 3 at CONCURRENCY
+requests at once, the demo's largest, where every held-out prompt runs (one drafter engine a mix). The held-out split goes by prompt, so every mix is evaluated
 on the same held-out prompts, and the baseline texts (seeded by suite and prompt) are the same
 too: the mixes differ only in what the drafter learned from. Per mix: answers, training tokens,
 generation and training time (Snakemake's benchmark files: generate_part jobs summed, as they
 share one engine), then per suite and temperature vLLM's acceptance per position, the ceiling
 and the share of it, and the mean acceptance length.
 
-    .venv/bin/python bench/data_mix.py                  # after make demo; ~6 min a mix on 2 cores
+    .venv/bin/python bench/data_mix.py                  # after make demo; 5 to 12 min a mix on 2 cores
     .venv/bin/python bench/data_mix.py --mixes greedy,t1  # a subset of MIXES
 """
 
@@ -34,6 +34,7 @@ MIXES = {  # name: (generate.temperatures, generate.samples_per_prompt)
     "both": ([0.0, 1.0], 1),
     "both_n2": ([0.0, 1.0], 2),
 }
+CONCURRENCY = 4  # the demo's largest: every prompt of each suite runs at it (eval.max_prompts: null)
 
 
 def seconds(benchmark_files):
@@ -45,7 +46,7 @@ def run_mix(name, temperatures, samples_per_prompt, cores):
     results = f"results/data_mix/{name}"
     overlay = {"results": results, "target": {"demo": False, "path": "results/target"},
                "generate": {"temperatures": temperatures, "samples_per_prompt": samples_per_prompt},
-               "eval": {"num_speculative_tokens": [3], "concurrency": [1]}}
+               "eval": {"num_speculative_tokens": [3], "concurrency": [CONCURRENCY]}}
     with tempfile.NamedTemporaryFile("w", suffix=".yaml", delete=False) as f:
         yaml.safe_dump(overlay, f)
     subprocess.run([sys.executable, "-m", "snakemake", f"{results}/eval/vllm_metrics.json", "--cores", str(cores),
@@ -86,7 +87,7 @@ def main():
     print("|---|---|---|---|---|---|---|---|---|---|---|")
     for row in rows:
         data = f"T {', '.join(f'{t:g}' for t in row['temperatures'])}, n={row['n']}"
-        runs = [r for r in row["runs"] if r["num_speculative_tokens"] == 3 and r["concurrency"] == 1]  # as run_mix's grid
+        runs = [r for r in row["runs"] if r["num_speculative_tokens"] == 3 and r["concurrency"] == CONCURRENCY]
         for run in sorted(runs, key=lambda r: (r["suite"] != "heldout", r["suite"], r["temperature"])):
             print(f"| {data} | {row['answers']:,} | {row['generated_tokens']:,} | {row['generate_s']:.0f} s "
                   f"| {row['train_s']:.0f} s | {run['suite']} | {run['temperature']:g} "

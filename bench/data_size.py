@@ -30,7 +30,8 @@ from eaglenest.states.shards import ShardSamples  # noqa: E402
 from eaglenest.train.loop import train_drafter  # noqa: E402
 
 TRAINING = ("seed", "ttt_steps", "step_weight_decay", "epochs", "max_tokens_per_batch", "tokens_per_step", "lr",
-            "warmup", "heldout_fraction", "init_from", "device", "bf16")  # train: keys that shape the drafter
+            "warmup", "schedule", "optimizer", "weight_decay", "muon_lr", "muon_weight_decay", "max_grad_norm",
+            "supervise", "train_lm_head", "heldout_fraction", "init_from", "device", "bf16")  # train: keys that shape the drafter
 
 
 def merged(base, overlay):
