@@ -28,10 +28,12 @@ from eaglenest.data.samples import is_heldout  # noqa: E402
 from eaglenest.evaluate.offline import evaluate_offline  # noqa: E402
 from eaglenest.states.shards import ShardSamples  # noqa: E402
 from eaglenest.train.loop import train_drafter  # noqa: E402
+from eaglenest.workflow.serving import fitted_temperature  # noqa: E402
 
+# train: keys that shape the drafter (and train.temperature, resolved as the rule resolves it)
 TRAINING = ("seed", "ttt_steps", "step_weight_decay", "epochs", "max_tokens_per_batch", "tokens_per_step", "lr",
             "warmup", "schedule", "optimizer", "weight_decay", "muon_lr", "muon_weight_decay", "max_grad_norm",
-            "supervise", "train_lm_head", "heldout_fraction", "init_from", "device", "bf16")  # train: keys that shape the drafter
+            "supervise", "tv_weight", "train_lm_head", "heldout_fraction", "init_from", "device", "bf16")
 
 
 def merged(base, overlay):
@@ -68,7 +70,8 @@ def main():
                     yaml.safe_load((REPO / args.configfile).read_text()))
     results = Path(args.results) if args.results else REPO / config["results"]
     shards = sorted((results / "hidden_states").glob("shard_*.safetensors"))
-    train = {key: config["train"][key] for key in TRAINING} | ({"epochs": args.epochs} if args.epochs else {})
+    train = ({key: config["train"][key] for key in TRAINING} | {"temperature": fitted_temperature(config)}
+             | ({"epochs": args.epochs} if args.epochs else {}))
     fraction = train["heldout_fraction"]
     rows = []
     with tempfile.TemporaryDirectory() as tmp:

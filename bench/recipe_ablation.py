@@ -11,10 +11,16 @@ figures in result.json, so an interrupted benchmark resumes where it stopped. Pe
 training steps and seconds per step, vLLM's acceptance per position, mean acceptance length.
 `--temperature 1`: the drafters already trained served again at temperature 1 (each request
 seeded by its prompt, as eval.seed does), against a baseline of its own (result_t1.json).
+`--draft-sample-method probabilistic` (above temperature 0): vLLM samples each draft from the
+drafter's distribution and accepts it with min(1, p/q) instead of drafting its argmax
+(result_t1_probabilistic.json beside the greedy result_t1.json; the baseline is shared). Each
+drafter is trained at the temperature the workflow would fit (train.temperature, null: the demo's
+largest eval.temperatures above 0, 1.0), whatever it is served at.
 
     .venv/bin/python bench/recipe_ablation.py                      # every VARIANTS entry, seed 0
     .venv/bin/python bench/recipe_ablation.py --variants ours,norms+muon --seeds 0,1
     .venv/bin/python bench/recipe_ablation.py --variants ours,muon --seeds 0,1 --temperature 1
+    .venv/bin/python bench/recipe_ablation.py --variants tv,tv_half --temperature 1 --draft-sample-method probabilistic
 """
 
 import argparse
@@ -29,6 +35,9 @@ import yaml
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+
+from eaglenest.workflow.serving import fitted_temperature  # noqa: E402
+
 OUT = REPO / "results/recipe"
 DEMO = REPO / "results"
 K, MAX_TOKENS, CONCURRENCY = 3, 64, 8
@@ -37,7 +46,7 @@ K, MAX_TOKENS, CONCURRENCY = 3, 64, 8
 # speculators 0.9.0's defaults. KL against soft CE is no variant: they differ by the target's
 # entropy, a constant to the drafter, so their gradients are the same.
 OURS = ({"optimizer": "adamw", "weight_decay": 0.0, "schedule": "cosine", "warmup": 20, "max_grad_norm": 0.5,
-         "step_weight_decay": 0.8, "supervise": "in_draft_vocab", "train_lm_head": True},
+         "step_weight_decay": 0.8, "supervise": "in_draft_vocab", "tv_weight": 0.0, "train_lm_head": True},
         {"norm_before_residual": False, "norm_before_fc": False, "norm_output": False})
 VARIANTS = {
     "ours": ({}, {}),
@@ -53,6 +62,9 @@ VARIANTS = {
     # not differences from speculators: Muon's learning rate (10 x lr by default) halved and doubled
     "muon_lr_half": ({"muon_lr": 0.015}, {}),
     "muon_lr_double": ({"muon_lr": 0.06}, {}),
+    # nor these: the total variation distance beside the soft CE (docs/TRAINING.md, "Recipe")
+    "tv": ({"tv_weight": 1.0}, {}),
+    "tv_half": ({"tv_weight": 0.5}, {}),
 }
 VARIANTS["theirs"] = tuple(  # all six differences at once: speculators 0.9.0's defaults
     {key: value for name in ("muon", "linear", "equal_steps", "supervise_all", "frozen_lm_head", "norms")
@@ -60,8 +72,10 @@ VARIANTS["theirs"] = tuple(  # all six differences at once: speculators 0.9.0's 
 
 
 def settings(variant, config):
-    """(train settings, drafter geometry) of a variant name ("a+b": both)."""
-    train, drafter = dict(config["train"]) | OURS[0], dict(config["drafter"]) | OURS[1]
+    """(train settings, drafter geometry) of a variant name ("a+b": both), the temperature
+    resolved as the workflow resolves it."""
+    train = dict(config["train"]) | {"temperature": fitted_temperature(config)} | OURS[0]
+    drafter = dict(config["drafter"]) | OURS[1]
     for name in variant.split("+"):
         train_overrides, drafter_overrides = VARIANTS[name]
         train |= train_overrides
@@ -90,14 +104,17 @@ def baseline(config, temperature=0.0):
     return prompts, outputs
 
 
-def suffix(temperature):
-    """The result and baseline file names' suffix: none at temperature 0."""
-    return "" if temperature == 0 else f"_t{temperature:g}"
+def suffix(temperature, draft_sample_method="greedy"):
+    """The result and baseline file names' suffix: none at temperature 0, none for greedy drafting
+    (the names from before probabilistic drafting)."""
+    return ("" if temperature == 0 else f"_t{temperature:g}") + (
+        "" if draft_sample_method == "greedy" else f"_{draft_sample_method}")
 
 
-def run_variant(variant, seed, cores, temperature=0.0):
-    """Train one variant at one seed (unless done) and serve it at `temperature`:
-    results/recipe/<variant>_s<seed>/result.json (result_t1.json at temperature 1)."""
+def run_variant(variant, seed, cores, temperature=0.0, draft_sample_method="greedy"):
+    """Train one variant at one seed (unless done) and serve it at `temperature`, drafting by
+    `draft_sample_method`: results/recipe/<variant>_s<seed>/result.json (result_t1.json at
+    temperature 1, result_t1_probabilistic.json drafting probabilistically)."""
     import torch
     from eaglenest.evaluate.agreement import online_acceptance
     from eaglenest.evaluate.online import vllm_speculative
@@ -106,8 +123,9 @@ def run_variant(variant, seed, cores, temperature=0.0):
     config = demo_config()
     root = OUT / f"{variant}_s{seed}"
     root.mkdir(parents=True, exist_ok=True)
+    served = suffix(temperature, draft_sample_method)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s", force=True,
-                        handlers=[logging.FileHandler(root / f"log{suffix(temperature)}.txt", mode="w")])
+                        handlers=[logging.FileHandler(root / f"log{served}.txt", mode="w")])
     train, drafter = settings(variant, config)
     prompts, outputs = baseline(config, temperature)
     shards = sorted(str(p) for p in (DEMO / "hidden_states").glob("shard_*.safetensors"))
@@ -116,24 +134,27 @@ def run_variant(variant, seed, cores, temperature=0.0):
         train_drafter(shards, DEMO / "hidden_states/manifest.json", DEMO / "vocab/d2t.pt", DEMO / "vocab/t2d.pt",
                       DEMO / "target", root / "drafter", root / "train_log.tsv", drafter_geometry=drafter, **train)
     runs = vllm_speculative([prompts], DEMO / "target", root / "drafter", outputs,
-                            root / f"vllm{suffix(temperature)}.json", num_speculative_tokens=K, suites=["heldout"], temperatures=[temperature],
-                            concurrency=[CONCURRENCY], max_tokens=MAX_TOKENS, seed=0, max_divergent_share=0.0,
-                            vllm=config["vllm"], trust_remote_code=False, end_of_turn=config["tokenize"]["end_of_turn"])
+                            root / f"vllm{served}.json", num_speculative_tokens=K, suites=["heldout"],
+                            temperatures=[temperature], concurrency=[CONCURRENCY], max_tokens=MAX_TOKENS, seed=0,
+                            max_divergent_share=0.0, vllm=config["vllm"], trust_remote_code=False,
+                            end_of_turn=config["tokenize"]["end_of_turn"], draft_sample_method=draft_sample_method)
     rows = list(csv.DictReader(open(root / "train_log.tsv"), delimiter="\t"))
     run = runs["runs"][0]
-    result = {"variant": variant, "seed": seed, "temperature": temperature, "steps": int(rows[-1]["step"]),
+    result = {"variant": variant, "seed": seed, "temperature": temperature,
+              "draft_sample_method": draft_sample_method, "steps": int(rows[-1]["step"]),
               "train_s": float(rows[-1]["elapsed_s"]), "prompts": run["prompts"],
               "greedy_text_unchanged": run.get("greedy_text_unchanged", "n/a"), **online_acceptance(run["counters"])}
-    (root / f"result{suffix(temperature)}.json").write_text(json.dumps(result, indent=1) + "\n")
+    (root / f"result{served}.json").write_text(json.dumps(result, indent=1) + "\n")
 
 
 def table(results):
-    print("| recipe | seed | T | steps | s/step | acceptance per position (vLLM, K=3) | mean acceptance length "
-          "| greedy text unchanged |")
-    print("|---|---|---|---|---|---|---|---|")
+    print("| recipe | seed | T | drafts | steps | s/step | acceptance per position (vLLM, K=3) "
+          "| mean acceptance length | greedy text unchanged |")
+    print("|---|---|---|---|---|---|---|---|---|")
     for r in results:
         rates = " / ".join(f"{a:.3f}" for a in r["acceptance_rate_per_position"])
-        print(f"| {r['variant']} | {r['seed']} | {r.get('temperature', 0):g} | {r['steps']:,} "
+        print(f"| {r['variant']} | {r['seed']} | {r.get('temperature', 0):g} "
+              f"| {r.get('draft_sample_method', 'greedy')} | {r['steps']:,} "
               f"| {r['train_s'] / r['steps']:.3f} | {rates} "
               f"| **{r['mean_acceptance_length']:.3f}** | {r['greedy_text_unchanged']} ({r['prompts']} prompts) |")
 
@@ -144,19 +165,24 @@ def main():
     parser.add_argument("--seeds", default="0")
     parser.add_argument("--cores", type=int, default=2)
     parser.add_argument("--temperature", type=float, default=0.0)
+    parser.add_argument("--draft-sample-method", choices=["greedy", "probabilistic"], default="greedy",
+                        help="vLLM's speculative_config.draft_sample_method")
     parser.add_argument("--one", nargs=2, metavar=("VARIANT", "SEED"), help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.draft_sample_method == "probabilistic" and args.temperature == 0:
+        parser.error("--draft-sample-method probabilistic needs --temperature above 0 (at 0 vLLM drafts the argmax)")
     if args.one:
-        return run_variant(args.one[0], int(args.one[1]), args.cores, args.temperature)
+        return run_variant(args.one[0], int(args.one[1]), args.cores, args.temperature, args.draft_sample_method)
     if not (DEMO / "hidden_states/manifest.json").is_file():
         sys.exit("results/hidden_states is missing: run `make demo` first")
     results = []
     for variant in args.variants.split(","):
         for seed in map(int, args.seeds.split(",")):
-            path = OUT / f"{variant}_s{seed}/result{suffix(args.temperature)}.json"
+            path = OUT / f"{variant}_s{seed}/result{suffix(args.temperature, args.draft_sample_method)}.json"
             if not path.exists():
                 subprocess.run([sys.executable, __file__, "--one", variant, str(seed), "--cores", str(args.cores),
-                                "--temperature", str(args.temperature)], check=True)
+                                "--temperature", str(args.temperature),
+                                "--draft-sample-method", args.draft_sample_method], check=True)
                 print(f"{variant} seed {seed} done", file=sys.stderr, flush=True)
             results.append(json.loads(path.read_text()))
     table(results)

@@ -95,7 +95,9 @@ def loop_pass(run, num_workers, recipe=None):
 
     recipe = recipe or RECIPE
     train_steps(run, Progress(), None, ttt_steps=K, step_weight_decay=recipe["step_weight_decay"],
-                max_grad_norm=recipe["max_grad_norm"], supervise=recipe["supervise"], log_every=10**9,
+                max_grad_norm=recipe["max_grad_norm"], log_every=10**9,
+                # the fitted temperature costs the same at any value: the default 1.0
+                loss_settings=dict(supervise=recipe["supervise"], tv_weight=recipe["tv_weight"]),
                 num_workers=num_workers, pin_memory=False, bf16=False, resume_dir=None, checkpoint_every=10**9)
 
 

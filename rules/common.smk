@@ -10,6 +10,7 @@ sys.path.insert(0, workflow.basedir)
 
 from eaglenest.workflow.config import HELDOUT_SUITE, check_suites, check_think_tokens, validate_config
 from eaglenest.workflow.config import generation_temperatures
+from eaglenest.workflow.serving import drafter_engines, fitted_temperature, method_temperatures
 from eaglenest.workflow.fingerprint import code_fingerprint
 from eaglenest.workflow.settings import artifact_settings
 from eaglenest.workflow.parts import part_paths
@@ -19,6 +20,7 @@ try:
     validate_config(config, workflow.source_path("../schemas/config.schema.yaml"))
     check_suites(config)
     check_think_tokens(config)
+    DRAFTER_ENGINES = drafter_engines(config)  # (draft method, K) of each drafter engine
 except ValueError as e:
     raise WorkflowError(str(e))
 if config["target"]["demo"] and "demo_target" not in config:
@@ -45,14 +47,14 @@ D2T = f"{RESULTS}/vocab/d2t.pt"
 T2D = f"{RESULTS}/vocab/t2d.pt"
 DRAFTER = f"{RESULTS}/drafter"
 # Evaluation in vLLM: the suites (the held-out split always, then eval.suites' files) and the
-# K of each drafter engine
+# draft method and K of each drafter engine
 HELDOUT = HELDOUT_SUITE
 SUITE_FILES = {suite["name"]: suite["prompts"] for suite in config["eval"]["suites"]}
 SUITES = [HELDOUT, *SUITE_FILES]
 SUITE_PATTERN = "|".join(SUITES)
 SUITE_PROMPTS = expand(f"{RESULTS}/eval/prompts/{{suite}}.jsonl", suite=SUITES)
 SPECULATIVE_TOKENS = sorted(set(config["eval"]["num_speculative_tokens"]))
-SPECULATIVE_RUNS = expand(f"{RESULTS}/eval/vllm_speculative/K{{k}}.json", k=SPECULATIVE_TOKENS)
+SPECULATIVE_RUNS = [f"{RESULTS}/eval/vllm_speculative/{method}/K{k}.json" for method, k in DRAFTER_ENGINES]
 # Snakemake's benchmark files of the GPU stages (wall time, peak RSS of each job): the report
 # plots them, the plan turns an earlier run's into rates (eaglenest/plan)
 BENCHMARKS = f"{RESULTS}/benchmarks"

@@ -1,5 +1,5 @@
 # Pre-flight check of the drafter, offline evaluation on the held-out split, the drafter in real
-# vLLM on every suite, temperature, K and concurrency (eval_prompts, vllm_baseline, vllm_speculative),
+# vLLM on every suite, temperature, draft method, K and concurrency (eval_prompts, vllm_baseline, vllm_speculative),
 # checked against the offline evaluator on the target's states of the baseline's text
 # (agreement_states, evaluate_vllm), and the summary.
 
@@ -73,10 +73,10 @@ rule eval_prompts:
         "../scripts/eval_prompts.py"
 
 
-# What every vLLM run shares (vllm_baseline, vllm_speculative): the grid and the engine settings
+# What every vLLM run shares (vllm_baseline, vllm_speculative): the grid (but its temperatures: a
+# draft method runs its own, eaglenest.workflow.config.method_temperatures) and the engine settings
 VLLM_RUN_PARAMS = {
     "suites": SUITES,
-    "temperatures": config["eval"]["temperatures"],
     "concurrency": config["eval"]["concurrency"],
     "latency_prompts": config["eval"]["latency_prompts"],
     "max_tokens": config["eval"]["max_tokens"],
@@ -96,6 +96,7 @@ rule vllm_baseline:
         outputs=f"{RESULTS}/eval/vllm_baseline_outputs.jsonl",
     params:
         **VLLM_RUN_PARAMS,
+        temperatures=config["eval"]["temperatures"],
         extra_tokens=max(SPECULATIVE_TOKENS),  # the offline side's text past max_tokens (eaglenest/evaluate/online.py)
         code=code("vllm_baseline"),
     benchmark:
@@ -119,17 +120,20 @@ rule vllm_speculative:
         baseline=rules.vllm_baseline.output.outputs,  # speculation must not change its greedy text
         check=rules.check_drafter.output.check,  # the pre-flight check passed
     output:
-        runs=f"{RESULTS}/eval/vllm_speculative/K{{k}}.json",
+        runs=f"{RESULTS}/eval/vllm_speculative/{{method}}/K{{k}}.json",
     params:
         **VLLM_RUN_PARAMS,
+        temperatures=lambda wildcards: method_temperatures(wildcards.method, config["eval"]["temperatures"]),
         num_speculative_tokens=lambda wildcards: int(wildcards.k),
+        draft_sample_method=lambda wildcards: wildcards.method,
         max_divergent_share=config["eval"]["max_divergent_share"],
         code=code("vllm_speculative"),
     benchmark:
-        f"{BENCHMARKS}/vllm_speculative/K{{k}}.tsv"
+        f"{BENCHMARKS}/vllm_speculative/{{method}}/K{{k}}.tsv"
     log:
-        f"{RESULTS}/logs/vllm_speculative/K{{k}}.log",
+        f"{RESULTS}/logs/vllm_speculative/{{method}}/K{{k}}.log",
     wildcard_constraints:
+        method="|".join(sorted({method for method, _ in DRAFTER_ENGINES})),
         k=r"\d+",
     threads: lambda wildcards: workflow.cores
     resources:

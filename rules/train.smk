@@ -17,7 +17,9 @@ rule train_drafter:
         train_log=f"{RESULTS}/train/train_log.tsv",
         trained_config=f"{RESULTS}/train/drafter_config.json",
     params:
-        settings=artifact_settings(config, "train"),  # device, processes, loader, bf16 ...: read from the config
+        # device, processes, loader, bf16 ...: read from the config. train.temperature as the number it
+        # resolves to: a change of eval.temperatures retrains only if it changes that.
+        settings=artifact_settings(config, "train") | {"temperature": fitted_temperature(config)},
         drafter=config["drafter"],  # the geometry: a change makes the drafter stale
         # Not an output: Snakemake deletes a failed job's outputs, and a checkpoint must outlive a kill.
         resume_dir=f"{RESULTS}/train/resume",

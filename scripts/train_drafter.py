@@ -14,7 +14,7 @@ run_stage(
     snakemake.output.train_log,
     trained_config_path=snakemake.output.trained_config,
     resume_dir=snakemake.params.resume_dir,
-    **snakemake.config["train"],
+    **snakemake.config["train"] | snakemake.params.settings,  # speed settings, then the rule's: temperature resolved
     drafter_geometry=snakemake.params.drafter,
     nnodes=snakemake.resources.get("nodes", 1),  # multi-node (SLURM profile): the job's nodes and the
     launcher=snakemake.resources.get("mpi", ""),  # command that starts torchrun on each of them

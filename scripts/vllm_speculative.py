@@ -12,6 +12,7 @@ if __name__ == "__main__":  # vLLM starts worker processes that import this file
         snakemake.input.baseline,
         snakemake.output.runs,
         num_speculative_tokens=snakemake.params.num_speculative_tokens,
+        draft_sample_method=snakemake.params.draft_sample_method,
         suites=snakemake.params.suites,
         temperatures=snakemake.params.temperatures,
         concurrency=snakemake.params.concurrency,

@@ -131,11 +131,12 @@ SMOLLM2_PROMPTS = 32
 SMOLLM2_CI = {  # configs/smollm2.yaml, shrunk: what the test's point does not need size for
     # float32, as vLLM on CPU is bit-exact only there: states held to 1e-4, greedy identity exact
     "vllm": {"dtype": "float32"},
-    "generate": {"max_tokens": 32, "num_parts": 2},
+    "generate": {"max_tokens": 32, "num_parts": 2, "temperatures": [0.0]},  # greedy answers; served at 0 and 1 below
     "vocab": {"draft_vocab_size": 512},
     "hidden_states": {"backend": "vllm", "dtype": "float32", "num_shards": 2},  # the test computes HF's
     "train": {"bf16": False, "epochs": 1, "tokens_per_step": 200, "max_tokens_per_batch": 1024, "heldout_fraction": 0.25},
-    "eval": {"suites": [], "temperatures": [0.0], "num_speculative_tokens": [3], "concurrency": [1],
+    # temperature 1 with both draft methods (eval.draft_sample_methods null): greedy K=3 and probabilistic K=3
+    "eval": {"suites": [], "temperatures": [0.0, 1.0], "num_speculative_tokens": [3], "concurrency": [1],
              "max_tokens": 32, "max_prompts": 8},
 }
 

@@ -11,8 +11,9 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from eaglenest.drafter.target_head import TargetHead
-from eaglenest.evaluate.acceptance import acceptance, chain_lengths, oracle_drafts, served_anchors, share_of_ceiling
-from eaglenest.evaluate.expected import ceiling_outcomes, estimate, replay, sample_counts
+from eaglenest.evaluate.acceptance import (acceptance, chain_lengths, oracle_drafts, served_anchors, served_positions,
+                                           share_of_ceiling)
+from eaglenest.evaluate.expected import ceiling_outcomes, estimate, greedy_terms, replay, sample_counts
 
 V, L, K = 16, 2.0, 3
 Q = math.exp(L) / (math.exp(L) + V - 1)  # the target's top probability after every token, at temperature 1
@@ -64,7 +65,9 @@ def test_the_ceiling_is_1_at_temperature_0_on_greedy_text(head):
                                         K_))
             ids = s["input_ids"]
             itself = [torch.roll(ids, -(k + 2)) for k in range(K_)]  # x_{t+k+2}: the text's own next tokens
-            copy.append(sample_counts(*replay(ids, s["loss_mask"].bool(), int(s["loss_mask"].sum()), itself), K_))
+            generated = s["loss_mask"].bool()
+            copy.append(sample_counts(*replay(generated, int(generated.sum()), *greedy_terms(ids, generated, itself)),
+                                      K_))
         assert estimate(oracle, K_)["acceptance_rate_per_position"] == estimate(copy, K_)["acceptance_rate_per_position"]
     assert estimate([sample_counts(*ceiling_outcomes(s, 10**6, 1, head=head, temperature=0.0), 1) for s in samples],
                     1)["acceptance_rate_per_position"] == [1.0]
@@ -95,3 +98,30 @@ def test_the_ceiling_at_temperature_1_is_q_to_the_k(head):
 
 def test_share_of_ceiling_divides_and_leaves_an_empty_ceiling_blank():
     assert share_of_ceiling([0.3, 0.1, 0.0], [0.6, 0.2, 0.0]) == [0.5, 0.5, None]
+
+
+def test_the_probabilistic_ceiling_is_the_target_mass_on_the_draft_vocab(head):
+    """Probabilistic drafting's ceiling (the oracle drafting from p_T restricted to the draft vocab):
+    with every id in the draft vocab it accepts every draft whatever the temperature; with the even
+    ids only, depth 1 is p_T's mass on them, averaged over the drafted anchors, and the ceiling
+    stays above greedy's (max p_T) wherever the argmax is a draft token."""
+    g = torch.Generator().manual_seed(1)
+    probs = torch.softmax(head.norm(torch.eye(V)) @ head.lm_head.T, -1)
+    tokens = [0]
+    for _ in range(200):
+        tokens.append(int(torch.multinomial(probs[tokens[-1]], 1, generator=g)))
+    s = text(tokens)
+    served = int(s["loss_mask"].sum()) - K  # the text runs K tokens past the served ones, as the baseline's does
+    every = ceiling_outcomes(s, served, K, head=head, temperature=1.0, method="probabilistic", targets=torch.arange(V))
+    assert estimate([sample_counts(*every, K)], K)["acceptance_rate_per_position"] == pytest.approx([1.0] * K)
+    even = torch.arange(0, V, 2)
+    drafts, _, expected = sample_counts(*ceiling_outcomes(s, served, 1, head=head, temperature=1.0,
+                                                          method="probabilistic", targets=even), 1)
+    anchors, matched, _ = ceiling_outcomes(s, served, 1, head=head, temperature=1.0, method="probabilistic",
+                                           targets=even)
+    drafted = torch.tensor(served_positions(anchors.tolist(), matched[:1].sum(0).tolist()))
+    ids = torch.tensor(tokens)
+    mass = probs[:, even].sum(-1)  # p_T's mass on the draft vocab after token a
+    assert expected[0] == pytest.approx(float(mass[ids[drafted + 1]].sum()), rel=1e-5)  # depth 1 reads after x_{t+1}
+    # where the argmax is a draft token (after an odd token) the mass holds it: above greedy's max p_T there
+    assert bool((mass[1::2] > probs[1::2].max(-1).values).all())

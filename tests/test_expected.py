@@ -1,5 +1,6 @@
 """The offline expected acceptance at a temperature (eaglenest.evaluate.expected) against a
-simulation of vLLM's rejection sampler on a Markov-chain target, and its arithmetic by hand."""
+simulation of vLLM's rejection sampler on a Markov-chain target, for greedy and probabilistic
+drafting, and its arithmetic by hand."""
 
 import math
 import random
@@ -7,7 +8,8 @@ import random
 import pytest
 import torch
 
-from eaglenest.evaluate.expected import estimate, family_z, ratio_standard_error, replay, sample_counts
+from eaglenest.evaluate.expected import (estimate, family_z, greedy_terms, ratio_standard_error, replay, sample_counts,
+                                         sampled_terms)
 
 V, K = 6, 2
 
@@ -53,14 +55,19 @@ def served_run(rng, P, draft, start, max_tokens):
     return drafts, accepted
 
 
-def offline_counts(rng, P, draft, start, max_tokens):
-    """The same request replayed offline: a text sampled from the target with K tokens past
-    max_tokens (as vllm_baseline generates it), the drafts of replay() and their target probabilities."""
+def sampled_text(rng, P, start, max_tokens):
+    """A text sampled from the target with K tokens past max_tokens (as vllm_baseline generates it):
+    (ids, generated)."""
     text = [start]
     while len(text) - 1 < max_tokens + K:
         text.append(sample(rng, P[text[-1]]))
-    ids = torch.tensor(text)
-    generated = torch.arange(len(text)) > 0
+    return torch.tensor(text), torch.arange(len(text)) > 0
+
+
+def offline_counts(rng, P, draft, start, max_tokens):
+    """The same request replayed offline: the drafts of greedy_terms() on a sampled text and
+    their target probabilities, through replay()."""
+    ids, generated = sampled_text(rng, P, start, max_tokens)
     drafts, context = [], ids.clone()
     for _ in range(K):
         context = draft[context]
@@ -69,8 +76,42 @@ def offline_counts(rng, P, draft, start, max_tokens):
     def token_probs(tokens):
         return P[ids[:, None], tokens.T].T  # P[x_s][tokens[k, s]]
 
-    anchors, matched, probs = replay(ids, generated, max_tokens, drafts, token_probs)
-    return sample_counts(anchors, matched, probs, K)
+    return sample_counts(*replay(generated, max_tokens, *greedy_terms(ids, generated, drafts, token_probs)), K)
+
+
+def served_sampled_run(rng, P, Q, start, max_tokens):
+    """One request as vLLM serves it with K probabilistic drafts: each drafted from Q[context]
+    (the drafter's distribution after the previous draft), accepted w.p. min(1, P/Q); on rejection
+    the emitted token is a sample of (P - Q)+; a bonus token when all K are accepted."""
+    text, drafts, accepted = [start], 0, [0] * K
+    while len(text) - 1 < max_tokens:
+        drafts += 1
+        context, guesses = text[-1], []
+        for _ in range(K):
+            guesses.append(sample(rng, Q[context]))
+            context = guesses[-1]
+        context = text[-1]
+        for k, d in enumerate(guesses):
+            if rng.random() < min(1.0, float(P[context][d] / Q[context][d])):
+                accepted[k] += 1
+                text.append(d)
+                context = d
+            else:
+                text.append(sample(rng, (P[context] - Q[context]).clamp(min=0)))
+                break
+        else:
+            text.append(sample(rng, P[context]))
+    return drafts, accepted
+
+
+def offline_sampled_counts(rng, P, Q, start, max_tokens, seed):
+    """The same request replayed offline by sampled_terms(): at anchor t depth k's distribution is
+    Q after the text's x_{t+k+1}, the target's P after x_{t+k+1} too (moved back to t inside)."""
+    ids, generated = sampled_text(rng, P, start, max_tokens)
+    distributions = [Q[torch.roll(ids, -(k + 1))] for k in range(K)]
+    p_next = P[ids, torch.roll(ids, -1)]
+    terms = sampled_terms(ids, generated, distributions, torch.arange(V), P[ids], p_next)
+    return sample_counts(*replay(generated, max_tokens, *terms, seed=seed), K)
 
 
 def test_the_expected_acceptance_agrees_with_a_simulated_rejection_sampler():
@@ -99,18 +140,65 @@ def test_the_expected_acceptance_agrees_with_a_simulated_rejection_sampler():
     assert max(gaps) > 3
 
 
-def test_sample_counts_follow_the_served_anchors_and_weigh_the_last_step_by_its_probability():
-    """Anchors 0..4; drafts at 0 accept 2 (next draft at 3), at 3 accept 0 (next at 4)."""
-    anchors = torch.tensor([True, True, True, True, True, False])
-    matched = torch.tensor([[1, 1, 0, 0, 0, 0], [1, 0, 0, 0, 0, 0]], dtype=torch.bool)
-    probs = torch.tensor([[0.9, 0.8, 0.1, 0.2, 0.3, 0.0], [0.7, 0.1, 0.1, 0.1, 0.5, 0.0]])
-    drafts, indicator, expected = sample_counts(anchors, matched, probs, 2)
+def test_replay_weighs_the_last_step_by_its_acceptance_and_sample_counts_follow_the_served_anchors():
+    """Greedy weights (the drafts equal the text or not) at anchors 0..4: drafts at 0 accept 2 (next
+    draft at 3), at 3 accept 0 (next at 4); the expected count weighs depth k by the shallower
+    weights and its own acceptance."""
+    generated = torch.ones(8, dtype=torch.bool)
+    weights = torch.tensor([[1, 1, 0, 0, 0, 0, 0, 0], [1, 0, 0, 0, 0, 0, 0, 0]], dtype=torch.float)
+    acceptance = torch.tensor([[0.9, 0.8, 0.1, 0.2, 0.3, 0, 0, 0], [0.7, 0.1, 0.1, 0.1, 0.5, 0, 0, 0]])
+    anchors, matched, expected = replay(generated, 7, weights, acceptance)
+    assert anchors.tolist() == [True] * 5 + [False] * 3  # x_{t+1} served and not the last (x_6)
+    assert matched.tolist() == [[True, True] + [False] * 6, [True] + [False] * 7]
+    drafts, indicator, expected_counts = sample_counts(anchors, matched, expected, 2)
     assert drafts == 3  # at 0, 3, 4
     assert indicator == [1, 1]
-    # depth 1: p at every drafted anchor; depth 2: p where depth 1 matched the text
-    assert expected == pytest.approx([0.9 + 0.2 + 0.3, 0.7])
+    # depth 1: its acceptance at every drafted anchor; depth 2: where depth 1 matched the text
+    assert expected_counts == pytest.approx([0.9 + 0.2 + 0.3, 0.7])
     assert sample_counts(anchors, matched, None, 2) == (3, [1, 1], [1, 1])
-    assert sample_counts(anchors, matched, probs, 1)[0] == 4  # K=1: the draft at 0 accepts 1, next at 2
+    assert sample_counts(anchors, matched, expected, 1)[0] == 4  # K=1: the draft at 0 accepts 1, next at 2
+    # fractional weights: the expected count is their product times the last acceptance, whatever was drawn
+    _, _, halves = replay(generated, 7, weights * 0.5, acceptance)
+    assert halves[1, 0] == pytest.approx(0.5 * 0.7)
+
+
+def test_the_probabilistic_estimate_agrees_with_a_simulated_rejection_sampler_and_beats_greedy():
+    """Probabilistic drafting (draft ~ q, accepted w.p. min(1, p/q), resampled from (p - q)+)
+    simulated as vLLM runs it: its counters within 3 standard errors of sampled_terms()' expected
+    rate and of its indicator, per position; a q nearer p accepts more than greedy drafting of the
+    same drafter's argmax, and its position 1 passes greedy's ceiling, E[max p]."""
+    rng = random.Random(1)
+    P, _ = chain(1)
+    Q = torch.softmax(torch.log(P) + 0.6 * torch.randn(V, V, generator=torch.Generator().manual_seed(5)), -1)
+    starts = [rng.randrange(1, V) for _ in range(400)]
+    online = [served_sampled_run(rng, P, Q, s, 24) for s in starts]
+    offline = estimate([offline_sampled_counts(rng, P, Q, s, 24, seed) for seed, s in enumerate(starts)], K)
+    drafts = sum(n for n, _ in online)
+    rates = [sum(a[k] for _, a in online) / drafts for k in range(K)]
+    for k in range(K):
+        se = offline["standard_error_per_position"][k]
+        assert 0 < se < 0.05
+        assert abs(rates[k] - offline["acceptance_rate_per_position"][k]) <= 3 * se
+        assert abs(rates[k] - offline["indicator_rate_per_position"][k]) <= 3 * se
+    greedy = estimate([offline_counts(rng, P, Q.argmax(-1), s, 24) for s in starts], K)
+    assert offline["mean_acceptance_length"] > greedy["mean_acceptance_length"] + 0.1
+    assert offline["acceptance_rate_per_position"][0] > P.max(-1).values.mean()
+
+
+def test_sampled_terms_by_hand():
+    """One anchor, K=1, a draft vocab of ids {0, 1} of V=3: acceptance sum min(p, q) over the draft
+    vocab; the weight of the text's token min(1, q/p), 0 for a token outside the draft vocab."""
+    ids = torch.tensor([2, 0, 1, 2])
+    generated = torch.tensor([False, True, True, True])
+    targets = torch.tensor([0, 1])
+    p_draft = torch.tensor([[0.5, 0.3], [0.2, 0.2], [0.6, 0.1], [0.1, 0.1]])  # p_T(0), p_T(1) after position s
+    p_next = torch.tensor([0.5, 0.2, 0.2, 0.0])  # p_T(x_{s+1}) after s: x_1 = 0, x_2 = 1, x_3 = 2
+    q = torch.tensor([[0.9, 0.1], [0.25, 0.75], [0.5, 0.5], [0.5, 0.5]])  # at anchor t, guessing x_{t+2}
+    weights, acceptance = sampled_terms(ids, generated, [q], targets, p_draft, p_next)
+    # anchor 0 guesses x_2 = 1 from position 1: min(0.2, 0.9) + min(0.2, 0.1) = 0.3; weight min(1, 0.1 / 0.2)
+    # anchor 1 guesses x_3 = 2 (outside the draft vocab) from position 2: min(0.6, 0.25) + min(0.1, 0.75); weight 0
+    assert acceptance[0].tolist() == pytest.approx([0.3, 0.35, 0.0, 0.0])
+    assert weights[0].tolist() == pytest.approx([0.5, 0.0, 0.0, 0.0])
 
 
 def test_standard_errors_are_by_prompt_and_the_family_z_grows_with_the_comparisons():

@@ -173,15 +173,30 @@ def test_served_temperatures_regenerate_the_responses_only_when_generation_follo
     assert planned(workdir, RAW) == {"generate_part": 4, "generate_responses": 1}  # config.yaml's generate.num_parts
 
 
-def test_another_k_runs_one_drafter_engine_and_nothing_else_in_vllm(workdir):
-    """K=2 added to the built run's K=1 and 3: its drafter engine alone (the baseline's text already
-    reaches K=3 past max_tokens), then the evaluation; a suite added: its prompts and every vLLM run."""
+def test_the_fitted_temperature_retrains_only_when_it_resolves_to_another_number(workdir):
+    """train.temperature null fits the largest served temperature above 0 (docs/TRAINING.md,
+    "Recipe"): the number it resolved to, written out, plans nothing; served temperatures with the
+    same largest leave the drafter as it is; another largest retrains it."""
+    edit_config(workdir, {"train": {"temperature": 1.0}})  # the built run's eval.temperatures: [0.0, 1.0]
+    assert planned(workdir) == {}
+    edit_config(workdir, {"train": {"temperature": None}, "eval": {"temperatures": [0.0, 0.5, 1.0]},
+                          "generate": {"temperatures": [0.0, 1.0]}})  # generation pinned: the same data
+    assert "train_drafter" not in planned(workdir)
+    edit_config(workdir, {"eval": {"temperatures": [0.0, 0.5]}})
+    assert "train_drafter" in planned(workdir)
+
+
+def test_another_k_runs_its_drafter_engines_and_nothing_else_in_vllm(workdir):
+    """K=2 added to the built run's K=1 and 3: its drafter engines alone, one per draft method (the
+    baseline's text already reaches K=3 past max_tokens), then the evaluation; a suite added: its
+    prompts and every vLLM run."""
     edit_config(workdir, {"eval": {"num_speculative_tokens": [1, 2, 3]}})
-    assert planned(workdir) == {"vllm_speculative": 1, "evaluate_vllm": 1, "summary": 1, "report_figures": 1, "all": 1}
-    assert "results/eval/vllm_speculative/K2.json" in snakemake(workdir, "-n").stdout
+    assert planned(workdir) == {"vllm_speculative": 2, "evaluate_vllm": 1, "summary": 1, "report_figures": 1, "all": 1}
+    plan = snakemake(workdir, "-n").stdout
+    assert "results/eval/vllm_speculative/greedy/K2.json" in plan and "results/eval/vllm_speculative/probabilistic/K2.json" in plan
     edit_config(workdir, {"eval": {"num_speculative_tokens": [1, 3], "suites": [{"name": "chat", "prompts": "resources/demo/eval_chat.jsonl"},
                                                                             {"name": "again", "prompts": "resources/demo/eval_chat.jsonl"}]}})
-    assert planned(workdir) == {"eval_prompts": 1, "vllm_baseline": 1, "vllm_speculative": 2, "agreement_states": 1,
+    assert planned(workdir) == {"eval_prompts": 1, "vllm_baseline": 1, "vllm_speculative": 3, "agreement_states": 1,
                                 "evaluate_vllm": 1, "summary": 1, "report_figures": 1, "all": 1}
 
 

@@ -36,6 +36,7 @@ def test_the_example_is_complete_and_valid():
     grid = example["eval"]
     assert 1.0 in grid["temperatures"] and 0.0 in grid["temperatures"]  # the thinking mode as served, and greedy
     assert len(grid["suites"]) >= 4 and len(grid["num_speculative_tokens"]) >= 3 and len(grid["concurrency"]) >= 2
+    assert grid["draft_sample_methods"] == ["greedy", "probabilistic"]  # served at 1.0: the method is measured too
 
 
 @pytest.fixture(scope="module")
@@ -64,7 +65,7 @@ def test_the_example_dry_runs_with_the_blackwell_profile(kimi_run):
     assert "build_demo_target" not in counts
     assert counts["generate_part"] == "16" and counts["generate_responses"] == "1"  # generate.num_parts
     assert counts["hidden_states"] == "256" and counts["train_drafter"] == "1"
-    assert counts["eval_prompts"] == "5" and counts["vllm_baseline"] == "1" and counts["vllm_speculative"] == "3"
+    assert counts["eval_prompts"] == "5" and counts["vllm_baseline"] == "1" and counts["vllm_speculative"] == "6"  # greedy and probabilistic, K 1, 3, 5
     jobs = re.findall(r"^(?:local)?(?:rule|checkpoint) (\w+):\n((?:[ \t]+.*\n?)*)", output, re.M)
     gpus = {rule: re.search(r"\bgpu=(\d+)", body)[1] for rule, body in jobs if re.search(r"\bgpu=(\d+)", body)}
     assert gpus["hidden_states"] == gpus["vllm_baseline"] == gpus["vllm_speculative"] == str(TP)

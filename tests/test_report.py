@@ -139,7 +139,8 @@ def write_train_log(path, *, heldout=False):
     columns measured every 20 steps."""
     columns = log_columns(3)
     rows = [[step, (step - 1) // 50, 1e-3, 3.0 - step / 100, *[2.0 - step / 100 + k / 10 for k in range(3)],
-             *[0.3 + step / 200 - k / 20 for k in range(3)], 200 * step, step / 10.0] for step in range(10, 101, 10)]
+             *[0.3 + step / 200 - k / 20 for k in range(3)], *[0.5 + step / 250 - k / 20 for k in range(3)], 200 * step,
+             step / 10.0] for step in range(10, 101, 10)]
     if heldout:
         columns = columns + ["heldout_loss_0", "heldout_acc_0"]
         rows = [row + ([1.9 - row[0] / 100, 0.35 + row[0] / 200] if row[0] % 20 == 0 else ["", ""]) for row in rows]
@@ -159,23 +160,30 @@ def test_the_training_plot_has_loss_and_accuracy_per_ttt_step(tmp_path, heldout)
     assert ("TTT step 1, held out" in text) == heldout and "TTT step 2, held out" not in text
 
 
-def vllm_run(suite, temperature, K, concurrency, speedup):
+CEILINGS = {"greedy": "argmax oracle", "probabilistic": "draft-vocab oracle"}
+
+
+def vllm_run(suite, temperature, method, K, concurrency, speedup):
     """One run of vllm_metrics.json (eaglenest.evaluate.agreement.speculative_run's fields), from
-    the accepted lengths of vLLM's drafts and of the offline replay on the same text."""
-    lengths = [3, 3, 2, 1, 0, 3, 3, 3] if temperature == 0 else [1, 0, 0, 2, 0, 1, 0, 0]
-    replayed = [3, 3, 2, 1, 0, 3, 2, 3] if temperature == 0 else [1, 0, 1, 2, 0, 1, 0, 0]
+    the accepted lengths of vLLM's drafts and of the offline replay on the same text; probabilistic
+    drafting accepts a little more, below a higher ceiling."""
+    if temperature == 0:
+        lengths, replayed, ceiling = [3, 3, 2, 1, 0, 3, 3, 3], [3, 3, 2, 1, 0, 3, 2, 3], [1.0] * K
+    elif method == "greedy":
+        lengths, replayed, ceiling = [1, 0, 0, 2, 0, 1, 0, 0], [1, 0, 1, 2, 0, 1, 0, 0], [0.6, 0.4, 0.25][:K]
+    else:
+        lengths, replayed, ceiling = [1, 1, 0, 2, 0, 1, 0, 3], [1, 1, 1, 2, 0, 1, 0, 3], [0.8, 0.6, 0.45][:K]
     online, offline = acceptance([min(a, K) for a in lengths], K), acceptance([min(a, K) for a in replayed], K)
     errors = [0.0 if temperature == 0 else 0.05] * K
     offline |= {"indicator_rate_per_position": offline["acceptance_rate_per_position"],
                 "standard_error_per_position": errors}
     tolerance = [0.2] * K if temperature == 0 else [3.5 * e for e in errors]
-    ceiling = [1.0] * K if temperature == 0 else [0.6, 0.4, 0.25][:K]
     gaps = [abs(a - b) for a, b in zip(online["acceptance_rate_per_position"], offline["acceptance_rate_per_position"])]
-    run = {"suite": suite, "temperature": temperature, "num_speculative_tokens": K, "concurrency": concurrency,
-           "prompts": 4, "generated_tokens": 60, "counters": {}, **online,
+    run = {"suite": suite, "temperature": temperature, "draft_sample_method": method, "num_speculative_tokens": K,
+           "concurrency": concurrency, "prompts": 4, "generated_tokens": 60, "counters": {}, **online,
            "tokens_per_s_without_speculation": 400.0 * concurrency,
            "tokens_per_s_with_speculation": 400.0 * concurrency * speedup, "speedup": speedup, "offline": offline,
-           "ceiling_per_position": ceiling,
+           "ceiling": CEILINGS[method], "ceiling_per_position": ceiling,
            "share_of_ceiling_per_position": share_of_ceiling(online["acceptance_rate_per_position"], ceiling),
            "max_disagreement": max(gaps), "tolerance_per_position": tolerance,
            "agrees": all(g <= t for g, t in zip(gaps, tolerance))}
@@ -186,17 +194,23 @@ def vllm_run(suite, temperature, K, concurrency, speedup):
 
 def write_metrics(root):
     """offline_metrics.json and vllm_metrics.json in their formats (docs/CONTRACTS.md): two suites,
-    two temperatures, K 1 and 3, concurrency 1 and 4; speculation pays held out, not on chat."""
+    two temperatures (greedy drafting at 0, greedy and probabilistic at 1), K 1 and 3, concurrency 1
+    and 4; speculation pays held out (probabilistic drafting more, at 1), not on chat."""
     served = acceptance([3, 3, 2, 1, 0, 3, 2, 3], 3)
     served |= {"ceiling_per_position": [1.0, 1.0, 0.875],
                "share_of_ceiling_per_position": share_of_ceiling(served["acceptance_rate_per_position"], [1.0, 1.0, 0.875])}
     offline = {"num_speculative_tokens": 3, **acceptance([3, 3, 2, 1, 0, 3, 2, 3, 1, 2], 3), "served": served,
                "heldout_samples": 4, "heldout_tokens": 120, "heldout_generated_tokens": 60}
     base = {("heldout", 0.0): 1.2, ("heldout", 1.0): 0.9, ("chat", 0.0): 0.6, ("chat", 1.0): 0.5}
-    runs = [vllm_run(suite, t, K, c, round(base[suite, t] + 0.1 * K - 0.2 * (c == 4), 6))
-            for (suite, t) in base for K in (1, 3) for c in (1, 4)]
+    runs = [vllm_run(suite, t, method, K, c,
+                     round(base[suite, t] + 0.1 * K - 0.2 * (c == 4) + 0.15 * (method == "probabilistic"), 6))
+            for (suite, t) in base for method in (["greedy"] if t == 0 else CEILINGS) for K in (1, 3) for c in (1, 4)]
     vllm = {"vllm_version": "0.0-test", "max_tokens": 16, "suites": {"chat": 3, "heldout": 4},
             "temperatures": [0.0, 1.0], "num_speculative_tokens": [1, 3], "concurrency": [1, 4],
+            "draft_sample_methods": list(CEILINGS),
+            "ceilings": {"greedy": "argmax oracle: an oracle drafting the target's own argmax, accepted with max p_T",
+                         "probabilistic": "draft-vocab oracle: an oracle drafting from p_T restricted to the draft "
+                                          "vocabulary, accepted with p_T's mass on the draft vocabulary"},
             "greedy_identity_exact": True, "max_divergent_share": 0.25,
             "agreement": {"greedy_tolerance": 0.2, "standard_errors": 3, "sampled_comparisons": 16, "z": 3.5},
             "runs": runs, "recommended": recommend(runs)}
@@ -205,57 +219,74 @@ def write_metrics(root):
     return offline, vllm
 
 
-def test_the_acceptance_plot_puts_vllm_and_offline_side_by_side_per_suite_and_temperature(tmp_path):
+def test_the_acceptance_plot_puts_vllm_and_offline_side_by_side_per_suite_temperature_and_method(tmp_path):
     offline, vllm = write_metrics(tmp_path)
     plot_acceptance(tmp_path / "offline.json", tmp_path / "vllm.json", tmp_path / "acceptance.svg")
     text = text_of(tmp_path / "acceptance.svg")
     for expected in ["Acceptance per position at K = 3, vLLM 0.0-test and offline (at most 16 tokens per prompt)",
-                     "heldout, temperature 0 (4 prompts)", "heldout, temperature 1 (4 prompts)",
-                     "chat, temperature 0 (3 prompts)", "chat, temperature 1 (3 prompts)",
+                     "heldout, temperature 0 (4 prompts) greedy drafting, ceiling: argmax oracle",
+                     "heldout, temperature 1 (4 prompts) greedy drafting, ceiling: argmax oracle",
+                     "heldout, temperature 1 (4 prompts) probabilistic drafting, ceiling: draft-vocab oracle",
+                     "chat, temperature 0 (3 prompts) greedy drafting",
+                     "chat, temperature 1 (3 prompts) greedy drafting",
+                     "chat, temperature 1 (3 prompts) probabilistic drafting",
                      "position 1 position 2 position 3", "share of drafts accepted through k",
                      "vLLM, 1 request at once", "vLLM, 4 requests at once", "offline, on the baseline's text",
-                     "offline, held-out shards, at vLLM's anchors",
-                     "± 3 standard errors of the offline-vLLM gap (temperature > 0)",
-                     "ceiling: an oracle drafting the target's argmax, on the baseline's text"]:
+                     "offline, held-out shards, at vLLM's anchors", "± 3 standard errors of the offline-vLLM gap",
+                     "ceiling, greedy drafting: argmax oracle", "ceiling, probabilistic drafting: draft-vocab oracle"]:
         assert expected in text, expected
+    assert "temperature 0 (4 prompts) probabilistic" not in text  # at 0 the methods are one: greedy alone ran
     assert text.index("heldout, temperature 0") < text.index("chat, temperature 0")  # the held-out split first
-    largest = next(r for r in vllm["runs"] if r["num_speculative_tokens"] == 3 and r["temperature"] == 0)
-    for figures in (largest, largest["offline"], offline["served"]):
-        for rate in figures["acceptance_rate_per_position"]:
-            assert f"{rate:.2f}" in text
+    for temperature, method in [(0, "greedy"), (1, "probabilistic")]:
+        largest = next(r for r in vllm["runs"] if (r["num_speculative_tokens"], r["temperature"],
+                                                   r["draft_sample_method"]) == (3, temperature, method))
+        for figures in (largest, largest["offline"]) + (offline["served"],) * (temperature == 0):
+            for rate in figures["acceptance_rate_per_position"]:
+                assert f"{rate:.2f}" in text
 
 
-def test_the_speed_plot_gives_the_speedup_against_k_and_the_k_to_serve_with(tmp_path):
+def test_the_speed_plot_gives_the_speedup_against_k_and_the_method_and_k_to_serve_with(tmp_path):
     write_metrics(tmp_path)
     plot_speed(tmp_path / "offline.json", tmp_path / "vllm.json", tmp_path / "speed.svg")
     text = text_of(tmp_path / "speed.svg")
     for expected in ["Speed-up against K, vLLM 0.0-test (tokens/s with the drafter / without)",
                      "K (num_speculative_tokens: tokens drafted per step)", "speed-up (x)",
                      "1x: speculation does not pay below", "1 request at once", "4 requests at once",
-                     "recommended K: the best measured speed-up (in the title)",
-                     "heldout, temperature 0 (4 prompts) 1 at once: K=3, 1.50x · 4 at once: K=3, 1.30x",
-                     "heldout, temperature 1 (4 prompts) 1 at once: K=3, 1.20x · 4 at once: does not pay (K=3: 1.00x)",
-                     "chat, temperature 1 (3 prompts) 1 at once: does not pay (K=3: 0.80x)"]:
+                     "greedy drafting: solid line, filled markers", "probabilistic drafting: dashed line, open markers",
+                     "recommended draft method and K: the best measured speed-up (in the title)",
+                     "heldout, temperature 0 (4 prompts) 1 at once: greedy K=3, 1.50x 4 at once: greedy K=3, 1.30x",
+                     # greedy alone would not pay at 4 at once (1.00x): probabilistic drafting does
+                     "heldout, temperature 1 (4 prompts) 1 at once: probabilistic K=3, 1.35x "
+                     "4 at once: probabilistic K=3, 1.15x",
+                     "chat, temperature 1 (3 prompts) 1 at once: does not pay (probabilistic K=3: 0.95x)"]:
         assert expected in text, expected
 
 
-def test_the_acceptance_table_has_every_run_and_the_k_to_serve_with(tmp_path):
+def test_the_acceptance_table_has_every_run_and_the_method_and_k_to_serve_with(tmp_path):
     offline, vllm = write_metrics(tmp_path)
     write_acceptance_table(tmp_path / "offline.json", tmp_path / "vllm.json", tmp_path / "acceptance.html")
     page = text_of(tmp_path / "acceptance.html")
     run = next(r for r in vllm["runs"] if (r["suite"], r["temperature"], r["num_speculative_tokens"],
                                             r["concurrency"]) == ("heldout", 0.0, 3, 1))
     rates, replayed = (" / ".join(f"{r:.3f}" for r in f["acceptance_rate_per_position"]) for f in (run, run["offline"]))
-    assert (f"heldout 0 3 1 8 {rates} {run['mean_acceptance_length']:.2f} 1.000 / 1.000 / 1.000 0.88 / 0.75 / 0.62 "
-            f"{replayed} 0.200 / 0.200 / 0.200 {run['max_disagreement']:.3f} yes unchanged 400 600 1.50x") in page
-    assert "chat 1 1 4 8 0.375 1.38 0.600 0.62 0.500 0.175 0.125 yes — 1,600 640 0.40x" in page  # sampled: z standard errors
-    assert "heldout 0 1 K = 3 1.50x" in page and "heldout 1 4 no drafter: does not pay (best K = 3) 1.00x" in page
-    assert "Offline and vLLM agree in 16 of 16 runs" in page and "suites heldout (4 prompts), chat (3 prompts)" in page
+    assert (f"heldout 0 greedy 3 1 8 {rates} {run['mean_acceptance_length']:.2f} 1.000 / 1.000 / 1.000 "
+            f"0.88 / 0.75 / 0.62 {replayed} 0.200 / 0.200 / 0.200 {run['max_disagreement']:.3f} yes unchanged "
+            "400 600 1.50x") in page
+    # sampled: z standard errors; a method's runs beside the other's, each under its own ceiling
+    assert "chat 1 greedy 1 4 8 0.375 1.38 0.600 0.62 0.500 0.175 0.125 yes — 1,600 640 0.40x" in page
+    assert "chat 1 probabilistic 1 4 8 0.625 1.62 0.800 0.78 0.750 0.175 0.125 yes — 1,600 880 0.55x" in page
+    assert "heldout 0 1 greedy, K = 3 1.50x" in page and "heldout 1 4 probabilistic, K = 3 1.15x" in page
+    assert "chat 1 1 no drafter: does not pay (best: probabilistic, K = 3) 0.95x" in page
+    assert "Offline and vLLM agree in 24 of 24 runs" in page and "suites heldout (4 prompts), chat (3 prompts)" in page
     assert "a draft at every anchor" in page and f"{offline['served']['mean_acceptance_length']:.2f}" in page
-    # the ceiling beside acceptance: every run, the K to serve with, the held-out shards
-    assert "ceiling share of ceiling" in page and "Ceiling: what an oracle" in page
-    assert "heldout 1 1 K = 3 1.20x 1.50 0.375 / 0.125 / 0.000 0.600 / 0.400 / 0.250 0.62 / 0.31 / 0.00" in page
-    assert "ceiling, at its own anchors 1.000 1.000 0.875 3.88 — —" in page
+    # the ceiling of each run's method beside acceptance: every run, what to serve with, the held-out shards
+    assert "K concurrency drafts" in page and "ceiling (of the method) share of ceiling" in page
+    for method, ceiling in vllm["ceilings"].items():
+        assert f"{method.capitalize()} drafting's ceiling, {ceiling}." in page
+    assert "Greedy's ceiling bounds greedy drafting only" in page
+    assert ("heldout 1 1 probabilistic, K = 3 1.35x 2.00 0.625 / 0.250 / 0.125 0.800 / 0.600 / 0.450 "
+            "0.78 / 0.42 / 0.28") in page
+    assert "ceiling (argmax oracle), at its own anchors 1.000 1.000 0.875 3.88 — —" in page
 
 
 def test_the_plan_table_gives_sizes_and_the_time_per_stage(tmp_path):
@@ -329,7 +360,8 @@ def test_the_built_runs_figures_carry_its_numbers(built):
     coverage = json.loads((results / "vocab/coverage.json").read_text())
     online = json.loads((results / "eval/vllm_metrics.json").read_text())
     stages = text_of(results / "report/stages.html")
-    with_drafter = [f"vLLM with the drafter, K = {k}" for k in online["num_speculative_tokens"]]
+    with_drafter = [f"vLLM with the drafter, {method}, K = {k}" for method in online["draft_sample_methods"]
+                    for k in online["num_speculative_tokens"]]
     for stage in ("target", "generate", "tokenize", "draft vocabulary", "plan", "hidden states", "train",
                   "offline evaluation", "evaluation prompts", "vLLM baseline", *with_drafter, "agreement states",
                   "vLLM evaluation"):
@@ -340,12 +372,13 @@ def test_the_built_runs_figures_carry_its_numbers(built):
     assert f"{coverage['draft_vocab_size']} {coverage['draft_vocab_size']} " in coverage_page
     assert percent(coverage["coverage"]) in coverage_page
     speed, table = text_of(results / "report/speed.svg"), text_of(results / "report/acceptance.html")
-    for best in online["recommended"]:  # the K to serve with, in the speed plot's titles and in the table
-        K, x = best["num_speculative_tokens"], f"{best['speedup']:.2f}x"
-        assert (f"{best['concurrency']} at once: K={K}, {x}" if best["speculation_pays"]
-                else f"{best['concurrency']} at once: does not pay (K={K}: {x})") in speed
+    for best in online["recommended"]:  # the method and K to serve with, in the speed plot's titles and in the table
+        method, K, x = best["draft_sample_method"], best["num_speculative_tokens"], f"{best['speedup']:.2f}x"
+        assert (f"{best['concurrency']} at once: {method} K={K}, {x}" if best["speculation_pays"]
+                else f"{best['concurrency']} at once: does not pay ({method} K={K}: {x})") in speed
         assert (f"{best['suite']} {best['temperature']:g} {best['concurrency']} "
-                + (f"K = {K}" if best["speculation_pays"] else f"no drafter: does not pay (best K = {K})")) in table
+                + (f"{method}, K = {K}" if best["speculation_pays"]
+                   else f"no drafter: does not pay (best: {method}, K = {K})")) in table
     assert f"agree in {len(online['runs'])} of {len(online['runs'])} runs" in stages
     frame = stages_table({key: results / path for key, path in {
         "plan": "plan.json", "tokenize": "data/tokenize_report.json", "coverage": "vocab/coverage.json",

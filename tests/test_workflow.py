@@ -12,6 +12,7 @@ import yaml
 from conftest import FAST_PROMPTS, REPO, edit_config, mtimes, new_workdir, planned, snakemake
 from eaglenest.data.generate import answers
 from eaglenest.workflow.config import generation_temperatures, validate_config
+from eaglenest.workflow.serving import draft_sample_methods, drafter_engines, fitted_temperature, method_temperatures
 
 ALL_RULES = {  # tokenize and everything downstream of it
     "tokenize", "token_freq", "vocab_map", "shard_samples", "hidden_states", "hidden_states_manifest",
@@ -31,7 +32,8 @@ def test_story1_one_run_builds_every_artifact_then_nothing_is_stale(built, tmp_p
         "drafter/config.json", "drafter/model.safetensors", "train/train_log.tsv", "train/drafter_config.json",
         "eval/offline_metrics.json", "eval/drafter_check.json", "eval/vllm_metrics.json",
         "eval/prompts/heldout.jsonl", "eval/prompts/chat.jsonl", "eval/vllm_baseline.json",
-        "eval/vllm_baseline_outputs.jsonl", "eval/vllm_speculative/K1.json", "eval/vllm_speculative/K3.json",
+        "eval/vllm_baseline_outputs.jsonl", "eval/vllm_speculative/greedy/K1.json", "eval/vllm_speculative/greedy/K3.json",
+        "eval/vllm_speculative/probabilistic/K1.json", "eval/vllm_speculative/probabilistic/K3.json",
         "eval/agreement_states/layers.json",
         "eval/agreement_states/states_00000.safetensors", "drafter_eagle/config.json", "drafter_eagle/model.safetensors",
         "summary.md",
@@ -49,7 +51,8 @@ def test_story1_one_run_builds_every_artifact_then_nothing_is_stale(built, tmp_p
         if rule not in ("all", "hidden_states", "generate_part", "eval_prompts", "vllm_speculative"):
             assert (results / "logs" / f"{rule}.log").is_file(), rule  # the others: a log per shard, part, suite or K
     assert {p.name for p in (results / "logs/eval_prompts").iterdir()} == {"heldout.log", "chat.log"}
-    assert {p.name for p in (results / "logs/vllm_speculative").iterdir()} == {"K1.log", "K3.log"}
+    assert {str(p.relative_to(results / "logs/vllm_speculative")) for p in (results / "logs/vllm_speculative").glob("*/*")} \
+        == {f"{method}/K{k}.log" for method in ("greedy", "probabilistic") for k in (1, 3)}
     shutil.copytree(built, tmp_path / "built", symlinks=True)  # a copy: nothing runs Snakemake in `built` (conftest)
     assert planned(tmp_path / "built") == {}
 
@@ -155,6 +158,14 @@ def test_a_bad_suite_file_fails_its_prompts_with_file_line_field(workdir):
         ({"generate": {"temperature": 1.0}}, r"config: generate\.temperature: replaced by generate\.temperatures \(a list; "
                                              r"null: eval\.temperatures\)"),
         ({"generate": {"temperatures": [1.0, 1.0]}}, r"config: generate\.temperatures: \[1\.0, 1\.0\] has non-unique elements"),
+        ({"eval": {"draft_sample_methods": ["greedy", "typical"]}},
+         r"config: eval\.draft_sample_methods\.1: 'typical' is not one of \['greedy', 'probabilistic'\]"),
+        ({"eval": {"draft_sample_methods": ["probabilistic"], "temperatures": [0.0]}},
+         r"config: eval\.draft_sample_methods: probabilistic drafts only above temperature 0 \(at 0 vLLM drafts the "
+         r"argmax\), and eval\.temperatures \[0\.0\] has none above 0"),
+        ({"eval": {"draft_sample_methods": ["probabilistic"]}},
+         r"config: eval\.draft_sample_methods: temperature 0 \(in eval\.temperatures\) is drafted greedily by every "
+         r"method: include greedy"),
     ],
 )
 def test_config_errors_name_the_key(tmp_path, update, message):
@@ -175,6 +186,36 @@ def test_generation_follows_the_served_temperatures_unless_it_lists_its_own():
     config["generate"]["temperature"] = 0.0  # a config from before temperatures were a list
     with pytest.raises(ValueError, match=r"^config: generate\.temperature: replaced by generate\.temperatures"):
         validate_config(config, REPO / "schemas/config.schema.yaml")
+
+
+def test_the_draft_methods_default_to_both_where_a_temperature_is_above_0():
+    config = yaml.safe_load((REPO / "config.yaml").read_text())
+    assert config["eval"]["draft_sample_methods"] is None
+    assert draft_sample_methods(config) == ["greedy", "probabilistic"]
+    assert drafter_engines(config) == [("greedy", 1), ("greedy", 3), ("probabilistic", 1), ("probabilistic", 3)]
+    config["eval"]["temperatures"] = [0.0]
+    assert draft_sample_methods(config) == ["greedy"]  # at 0 vLLM drafts the argmax with either
+    config["eval"] |= {"temperatures": [1.0], "draft_sample_methods": ["probabilistic"]}
+    assert draft_sample_methods(config) == ["probabilistic"]
+    assert method_temperatures("probabilistic", [0.0, 0.6, 1.0]) == [0.6, 1.0]
+    assert method_temperatures("greedy", [0.0, 0.6, 1.0]) == [0.0, 0.6, 1.0]
+
+
+def test_training_fits_the_largest_served_temperature_above_0_unless_it_names_its_own():
+    config = yaml.safe_load((REPO / "config.yaml").read_text())
+    validate_config(config, REPO / "schemas/config.schema.yaml")
+    assert config["train"]["temperature"] is None  # the default: what eval.temperatures serves
+    for served, fitted in (([0.0, 1.0], 1.0), ([0.0, 0.6], 0.6), ([0.0], 1.0), ([0.3, 0.8, 0.0], 0.8)):
+        config["eval"]["temperatures"] = served
+        assert fitted_temperature(config) == fitted
+    config["train"]["temperature"] = 0.7
+    assert fitted_temperature(config) == 0.7
+    for key, value, message in (("temperature", 0, r"0 is less than or equal to the minimum of 0"),
+                                ("tv_weight", -0.5, r"-0\.5 is less than the minimum of 0")):
+        config["train"][key] = value
+        with pytest.raises(ValueError, match=rf"^config: train\.{key}: {message}"):
+            validate_config(config, REPO / "schemas/config.schema.yaml")
+        config["train"][key] = 0.5
 
 
 def test_lint_is_clean():

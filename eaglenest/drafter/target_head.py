@@ -35,9 +35,10 @@ class TargetHead:
         self.norm.weight = torch.nn.Parameter(tensors["model.norm.weight"].to(device, self.dtype), requires_grad=False)
 
     @torch.no_grad()
-    def distribution(self, final_hidden, t2d, chunk_tokens=4096):
-        """final_hidden [B, T, H] (pre-norm, any dtype) -> (float32 probs over the draft vocab [B, T, N],
-        in_vocab [B, T]: the target's argmax over the whole vocab is a draft token).
+    def distribution(self, final_hidden, t2d, temperature=1.0, chunk_tokens=4096):
+        """final_hidden [B, T, H] (pre-norm, any dtype) -> (float32 probs over the draft vocab [B, T, N]
+        at `temperature`: the softmax of its logits / temperature, in_vocab [B, T]: the target's argmax
+        over the whole vocab is a draft token).
 
         Chunked over tokens so [tokens, V] logits never exist at once; a chunk's logits are in the
         training dtype, only its draft-vocab columns go float32 for the softmax. Autocast is off:
@@ -51,7 +52,7 @@ class TargetHead:
             for x in final_hidden.flatten(0, 1).split(chunk_tokens):
                 logits = self.norm(x.to(self.dtype)) @ self.lm_head.T  # [n, V], training dtype
                 in_vocab.append(t2d[logits.argmax(-1)])
-                probs.append(logits[:, t2d].float().softmax(-1))
+                probs.append((logits[:, t2d].float() / temperature).softmax(-1))
         return torch.cat(probs).view(B, T, -1), torch.cat(in_vocab).view(B, T)
 
     @torch.no_grad()

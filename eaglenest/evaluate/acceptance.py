@@ -17,12 +17,10 @@ from eaglenest.drafter.model import cached_attend, shift_left
 ANCHOR_CHUNK = 256
 
 
-@torch.no_grad()
-def chain_drafts(drafter, ids, aux, num_speculative_tokens, chunk=ANCHOR_CHUNK):
-    """What the TTT forward drafts, `chunk` anchors at a time over a KV cache (cached_attend):
-    per step k, [B, T] target ids (step k's argmax at every anchor). ids [B, T], aux [B, T, 3Ht]
-    in any dtype (a chunk's is cast where it enters fc): memory grows with T, not T² nor T × N."""
-    drafts = [torch.zeros_like(ids) for _ in range(num_speculative_tokens)]
+def chain_steps(drafter, ids, aux, num_speculative_tokens, chunk=ANCHOR_CHUNK):
+    """The TTT forward, `chunk` anchors at a time over a KV cache (cached_attend): yields (span,
+    k, step k's logits [B, chunk, N] at the anchors of `span`). ids [B, T], aux [B, T, 3Ht] in any
+    dtype (a chunk's is cast where it enters fc): memory grows with T, not T² nor T × N."""
     reads = [shift_left(ids, k + 1, 0) for k in range(num_speculative_tokens)]  # step k at anchor t reads x_{t+k+1}
     positions, cache = torch.arange(ids.shape[1], device=ids.device), []
     for start in range(0, ids.shape[1], chunk):
@@ -31,8 +29,31 @@ def chain_drafts(drafter, ids, aux, num_speculative_tokens, chunk=ANCHOR_CHUNK):
         attend = cached_attend(cache, start)
         for k in range(num_speculative_tokens):
             logits, hidden = drafter.step(reads[k][:, span], hidden, positions[span] + k, attend)
-            drafts[k][:, span] = drafter.draft_to_target(logits.argmax(-1))
+            yield span, k, logits
+
+
+@torch.no_grad()
+def chain_drafts(drafter, ids, aux, num_speculative_tokens, chunk=ANCHOR_CHUNK):
+    """What greedy drafting drafts (chain_steps): per step k, [B, T] target ids, step k's argmax
+    at every anchor."""
+    drafts = [torch.zeros_like(ids) for _ in range(num_speculative_tokens)]
+    for span, k, logits in chain_steps(drafter, ids, aux, num_speculative_tokens, chunk):
+        drafts[k][:, span] = drafter.draft_to_target(logits.argmax(-1))
     return drafts
+
+
+@torch.no_grad()
+def chain_distributions(drafter, ids, aux, num_speculative_tokens, temperature, chunk=ANCHOR_CHUNK):
+    """What probabilistic drafting samples from (chain_steps): per step k, [B, T, N] float32,
+    softmax(logits / temperature) over the draft vocab at every anchor, as vLLM's proposer computes
+    the draft probabilities it keeps for the rejection sampler (zero outside the draft vocab)."""
+    out = [None] * num_speculative_tokens
+    for span, k, logits in chain_steps(drafter, ids, aux, num_speculative_tokens, chunk):
+        q = (logits.float() / temperature).softmax(-1)
+        if out[k] is None:
+            out[k] = q.new_zeros(*ids.shape, q.shape[-1])
+        out[k][:, span] = q
+    return out
 
 
 @torch.no_grad()
@@ -56,13 +77,18 @@ def draft_anchors(generated):
     return shift_left(generated, 1, False) & shift_left(generated, 2, False)
 
 
-def chain_matches(drafts, ids, generated):
+def chain_hits(drafts, ids, generated):
     """Chain drafts (per step k, [B, T]: a guess at x_{t+k+2}) on the text ids [B, T] -> [K, B, T]
-    bool: depth k's draft and every shallower one equal the text, at tokens the target generated.
-    At temperature 0 that is vLLM's acceptance; above it, the indicator (eaglenest.evaluate.expected)."""
-    hits = torch.stack([(d == shift_left(ids, k + 2, -1)) & shift_left(generated, k + 2, False)
+    bool: depth k's draft equals the text, at a token the target generated."""
+    return torch.stack([(d == shift_left(ids, k + 2, -1)) & shift_left(generated, k + 2, False)
                         for k, d in enumerate(drafts)])
-    return hits.cumprod(0).bool()
+
+
+def chain_matches(drafts, ids, generated):
+    """chain_hits() through depth k: [K, B, T] bool, depth k's draft and every shallower one equal
+    the text. At temperature 0 that is vLLM's acceptance; above it, the indicator
+    (eaglenest.evaluate.expected)."""
+    return chain_hits(drafts, ids, generated).cumprod(0).bool()
 
 
 def chain_lengths(drafts, batch):

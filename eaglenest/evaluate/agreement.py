@@ -13,10 +13,14 @@ they do not, vLLM read the drafter differently from how it was trained (the sile
 aux layer ids in another convention, a norm flag defaulted the other way, a d2t in another
 form), and the run fails naming the reading that reproduces vLLM's numbers.
 
-Beside each run goes its ceiling: what an oracle that drafts the target's own argmax would have
-accepted on the same text (eaglenest.evaluate.expected.ceiling_outcomes), and the run's share of
-it. At temperature 0 the ceiling is 1; at 1 it is what vLLM's rejection sampler allows at all,
-so a share near 1 says the drafter has learned what there is to learn, a low one that it has not.
+Each run is replayed by its own draft method (vLLM's draft_sample_method: greedy drafts the
+argmax, probabilistic samples from the drafter's distribution; eaglenest.evaluate.expected), and
+beside it goes the ceiling of that method on the same text (expected.ceiling_outcomes, named by
+expected.CEILINGS) and the run's share of it. Greedy's is an oracle drafting the target's argmax:
+1 at temperature 0, and above 0 the most greedy drafting allows (max p_T). Probabilistic's is an
+oracle drafting from p_T restricted to the draft vocab: above greedy's wherever p_T is spread, as
+p_T's mass on the draft vocab bounds sum min(p_T, q). A share near 1 says the drafter has learned
+what its method can use, a low one that it has not.
 """
 
 import dataclasses
@@ -31,13 +35,14 @@ from eaglenest.drafter.load import drafter_from_state, load_drafter
 from eaglenest.drafter.model import DrafterConfig
 from eaglenest.evaluate.acceptance import acceptance_fields, share_of_ceiling
 from eaglenest.evaluate.agreement_states import AgreementStates, layer_misreadings
-from eaglenest.evaluate.expected import ceiling_outcomes, chain_outcomes, estimate, family_z, sample_counts
+from eaglenest.evaluate.expected import CEILING_DESCRIPTIONS, CEILINGS, ceiling_outcomes, chain_outcomes, estimate, family_z, sample_counts
 from eaglenest.evaluate.online import recommend
 from eaglenest.states.manifest import read_manifest
 from eaglenest.states.shards import dequantize_states
 from eaglenest.drafter.target_head import TargetHead
 from eaglenest.workflow.atomic import write_json
 from eaglenest.workflow.device import torch_device
+from eaglenest.workflow.serving import DRAFT_SAMPLE_METHODS
 from eaglenest.workflow.errors import InputError
 from eaglenest.workflow.progress import ProgressLines
 
@@ -63,26 +68,29 @@ def trained_drafter(drafter_dir, trained_config, d2t, t2d, embed_tokens):
 
 
 @torch.no_grad()
-def offline_estimates(states, indices, variants, Ks, *, temperature, max_tokens, head, device, ceiling=False):
+def offline_estimates(states, indices, variants, Ks, *, temperature, max_tokens, head, device, method="greedy",
+                      ceiling=False):
     """The offline estimate (eaglenest.evaluate.expected.estimate) at each K of `Ks` of each
-    (drafter, aux layer ids) of `variants`, on the samples `indices` of `states` (an
-    AgreementStates: the baseline's text at `temperature`, of which the served runs generated at
-    most `max_tokens` tokens), in one pass over them -> [{K: estimate}] per variant. `ceiling`:
-    then also, last, the oracle that drafts the target's own argmax (expected.ceiling_outcomes),
-    the acceptance no drafter beats on this text, from the same read of each sample."""
+    (drafter, aux layer ids) of `variants` drafting by `method` (vLLM's draft_sample_method), on
+    the samples `indices` of `states` (an AgreementStates: the baseline's text at `temperature`, of
+    which the served runs generated at most `max_tokens` tokens), in one pass over them -> [{K:
+    estimate}] per variant. `ceiling`: then also, last, the oracle that bounds `method` on this
+    text (expected.ceiling_outcomes), from the same read of each sample."""
     columns = [states.columns(layer_ids) for _, layer_ids in variants]
     counts = [{K: [] for K in Ks} for _ in range(len(variants) + ceiling)]
-    ticker = ProgressLines(f"agreement check, T={temperature:g}", len(indices), "samples", logger=log)
+    ticker = ProgressLines(f"agreement check, T={temperature:g}, {method}", len(indices), "samples", logger=log)
     for i in indices:
         sample = dequantize_states({key: value.to(device) for key, value in states[i].items() if key != "id"},
                                    torch.float32)  # FP8 states: dequantized on the device
         served = min(int(sample["loss_mask"].sum()), max_tokens)
         text = {key: sample[key] for key in ("input_ids", "loss_mask", "final_hidden_states")}
         outcomes = [chain_outcomes(drafter, text | {"aux_hidden_states": sample["aux_hidden_states"][:, cols]},
-                                   served, max(Ks), head=head, temperature=temperature)
+                                   served, max(Ks), head=head, temperature=temperature, method=method)
                     for (drafter, _), cols in zip(variants, columns)]
         if ceiling:
-            outcomes.append(ceiling_outcomes(text, served, max(Ks), head=head, temperature=temperature))
+            targets = variants[0][0].draft_to_target(torch.arange(len(variants[0][0].d2t), device=device))
+            outcomes.append(ceiling_outcomes(text, served, max(Ks), head=head, temperature=temperature, method=method,
+                                             targets=targets))
         for (anchors, matched, probs), per_k in zip(outcomes, counts):
             for K in Ks:
                 per_k[K].append(sample_counts(anchors, matched, probs, K))
@@ -133,7 +141,8 @@ def _rates(fields):
 def disagreement(failing, count, cause):
     """The InputError of runs whose vLLM acceptance is off the offline estimate."""
     first = failing[0]
-    where = f"{first['suite']} T={first['temperature']:g} c={first['concurrency']} K={first['num_speculative_tokens']}"
+    where = (f"{first['suite']} T={first['temperature']:g} c={first['concurrency']} {first['draft_sample_method']} "
+             f"K={first['num_speculative_tokens']}")
     return InputError(
         f"vLLM does not run the drafter as trained: {len(failing)} of {count} runs disagree with the offline "
         f"estimate; first {where}: acceptance per position in vLLM {_rates(first)}, offline on the same text "
@@ -146,7 +155,8 @@ def diagnose(states, indices, run, drafter, aux_layer_ids, num_layers, *, max_to
     K, temperature = run["num_speculative_tokens"], run["temperature"]
     variants = misreadings(drafter, aux_layer_ids, num_layers)
     estimates = offline_estimates(states, indices, [(variant, ids) for _, variant, ids in variants], [K],
-                                  temperature=temperature, max_tokens=max_tokens, head=head, device=device)
+                                  temperature=temperature, max_tokens=max_tokens, head=head, device=device,
+                                  method=run["draft_sample_method"])
     found = []
     for (description, _, _), by_k in zip(variants, estimates):
         verdict = compare(run, by_k[K], run["tolerance_per_position"])
@@ -162,37 +172,55 @@ def diagnose(states, indices, run, drafter, aux_layer_ids, num_layers, *, max_to
 
 
 def speculative_run(spec, run, plain, offline, ceiling, tolerance_per_position):
-    """One vllm_metrics.json run: K's run `run` (with vLLM's counters), the baseline's run `plain`
-    at the same (suite, temperature, concurrency), the offline estimate on the same text and the
-    ceiling there (offline_estimates' oracle at the same K)."""
+    """One vllm_metrics.json run: the (method, K) engine's run `run` (with vLLM's counters), the
+    baseline's run `plain` at the same (suite, temperature, concurrency), the offline estimate on
+    the same text and the method's ceiling there (offline_estimates' oracle at the same K)."""
     online = online_acceptance(run["counters"])
     ceiling_rates = ceiling["acceptance_rate_per_position"]
     keep = {key: run[key] for key in ("greedy_text_unchanged", "divergent_share", "first_divergence") if key in run}
-    return {"suite": run["suite"], "temperature": run["temperature"], "num_speculative_tokens": spec["num_speculative_tokens"],
+    return {"suite": run["suite"], "temperature": run["temperature"],
+            "draft_sample_method": spec["draft_sample_method"], "num_speculative_tokens": spec["num_speculative_tokens"],
             "concurrency": run["concurrency"], "prompts": run["prompts"], "generated_tokens": run["generated_tokens"],
             "counters": run["counters"], **online,
             "tokens_per_s_without_speculation": plain["tokens_per_s"], "tokens_per_s_with_speculation": run["tokens_per_s"],
             "speedup": run["tokens_per_s"] / plain["tokens_per_s"], **keep,
-            "ceiling_per_position": ceiling_rates,
+            "ceiling": CEILINGS[spec["draft_sample_method"]], "ceiling_per_position": ceiling_rates,
             "share_of_ceiling_per_position": share_of_ceiling(online["acceptance_rate_per_position"], ceiling_rates),
             "offline": offline, **compare(online, offline, tolerance_per_position)}
+
+
+def estimates_by_run(states, texts, speculative, drafter, aux_layer_ids, Ks, *, max_tokens, head, device):
+    """offline_estimates() and the ceilings for every run of the engines' files `speculative`, by
+    (suite, temperature, prompts, method): a run of n prompts ran its suite's first n, so each
+    (text, size, method) is estimated once, at every K."""
+    offline, ceiling = {}, {}
+    for suite, t, indices in texts:
+        for method in dict.fromkeys(spec["draft_sample_method"] for spec in speculative):
+            sizes = {run["prompts"] for spec in speculative for run in spec["runs"]
+                     if (run["suite"], run["temperature"], spec["draft_sample_method"]) == (suite, t, method)}
+            for n in sorted(sizes):
+                offline[suite, t, n, method], ceiling[suite, t, n, method] = offline_estimates(
+                    states, indices[:n], [(drafter, aux_layer_ids)], Ks, temperature=t, max_tokens=max_tokens,
+                    head=head, device=device, method=method, ceiling=True)
+    return offline, ceiling
 
 
 def evaluate_vllm(baseline_path, outputs_path, speculative_paths, states_dir, target_dir, drafter_dir,
                   trained_config_path, manifest_path, d2t_path, t2d_path, metrics_path, *, agreement_tolerance,
                   agreement_standard_errors, device=None):
     """The evaluate_vllm stage: vllm_metrics.json (docs/CONTRACTS.md) from the baseline's runs and
-    continuations, each K's runs (`speculative_paths`) and the target's states of the reference
-    texts (`states_dir`, rule agreement_states), with the drafter built as trained on `device`.
-    Fails, naming the misreadings that reproduce vLLM's numbers, when any run's acceptance is off
-    the offline estimate by more than its tolerance. Each run also gets the ceiling on its text
-    (offline_estimates' oracle drafting the target's argmax) and its share of it. Of the
+    continuations, each (draft method, K) engine's runs (`speculative_paths`) and the target's
+    states of the reference texts (`states_dir`, rule agreement_states), with the drafter built as
+    trained on `device`. Fails, naming the misreadings that reproduce vLLM's numbers, when any
+    run's acceptance is off its method's offline estimate by more than its tolerance. Each run also
+    gets its method's ceiling on its text (offline_estimates' oracle) and its share of it. Of the
     target only the embedding, final norm and lm_head are read."""
     device = torch_device(device)
     baseline = json.loads(Path(baseline_path).read_text())
     speculative = sorted((json.loads(Path(p).read_text()) for p in speculative_paths),
-                         key=lambda spec: spec["num_speculative_tokens"])
-    Ks = [spec["num_speculative_tokens"] for spec in speculative]
+                         key=lambda spec: (DRAFT_SAMPLE_METHODS.index(spec["draft_sample_method"]),
+                                           spec["num_speculative_tokens"]))
+    Ks = sorted({spec["num_speculative_tokens"] for spec in speculative})
     states = AgreementStates(states_dir)
     states.check_text(outputs_path)
     manifest = read_manifest(manifest_path)
@@ -207,14 +235,8 @@ def evaluate_vllm(baseline_path, outputs_path, speculative_paths, states_dir, ta
     log.info("offline side: %d samples of %s (%s backend, %s, layers %s); no target model loaded", len(states),
              states_dir, states.info["backend"], states.info["dtype"], states.info["layer_ids"])
     max_tokens = baseline["max_tokens"]
-    offline, ceiling = {}, {}  # by (suite, temperature, prompts): a run of n prompts ran the suite's first n
-    for suite, t, indices in texts:
-        sizes = {run["prompts"] for spec in speculative for run in spec["runs"]
-                 if (run["suite"], run["temperature"]) == (suite, t)}
-        for n in sorted(sizes):
-            offline[suite, t, n], ceiling[suite, t, n] = offline_estimates(
-                states, indices[:n], [(drafter, aux_layer_ids)], Ks, temperature=t, max_tokens=max_tokens, head=head,
-                device=device, ceiling=True)
+    offline, ceiling = estimates_by_run(states, texts, speculative, drafter, aux_layer_ids, Ks, max_tokens=max_tokens,
+                                        head=head, device=device)
     plain = {(r["suite"], r["temperature"], r["concurrency"]): r for r in baseline["runs"]}
     sampled = sum(spec["num_speculative_tokens"] * sum(r["temperature"] > 0 for r in spec["runs"])
                   for spec in speculative)  # positions compared at temperature > 0
@@ -222,14 +244,15 @@ def evaluate_vllm(baseline_path, outputs_path, speculative_paths, states_dir, ta
     runs = []
     for spec in speculative:
         for run in spec["runs"]:
-            key, K = (run["suite"], run["temperature"]), spec["num_speculative_tokens"]
-            on_its_prompts = key + (run["prompts"],)
+            key, K, method = (run["suite"], run["temperature"]), spec["num_speculative_tokens"], spec["draft_sample_method"]
+            on_its_prompts = key + (run["prompts"], method)
             estimate_k, ceiling_k = offline[on_its_prompts][K], ceiling[on_its_prompts][K]
             limits = tolerance(estimate_k, run["temperature"], agreement_tolerance=agreement_tolerance, z=z)
             runs.append(speculative_run(spec, run, plain[key + (run["concurrency"],)], estimate_k, ceiling_k, limits))
-            log.info("%s T=%g c=%d K=%d: vLLM %s, offline %s, tolerance %s: %s; ceiling %s", *key, run["concurrency"],
-                     K, _rates(runs[-1]), _rates(estimate_k), " / ".join(f"{t:.3f}" for t in limits),
-                     "agree" if runs[-1]["agrees"] else "DISAGREE", _rates(ceiling_k))
+            log.info("%s T=%g c=%d %s K=%d: vLLM %s, offline %s, tolerance %s: %s; ceiling (%s) %s", *key,
+                     run["concurrency"], method, K, _rates(runs[-1]), _rates(estimate_k),
+                     " / ".join(f"{t:.3f}" for t in limits), "agree" if runs[-1]["agrees"] else "DISAGREE",
+                     CEILINGS[method], _rates(ceiling_k))
     if failing := [r for r in runs if not r["agrees"]]:
         first = failing[0]
         indices = next(i for suite, t, i in texts if (suite, t) == (first["suite"], first["temperature"]))
@@ -237,13 +260,16 @@ def evaluate_vllm(baseline_path, outputs_path, speculative_paths, states_dir, ta
         raise disagreement(failing, len(runs), diagnose(states, indices, first, drafter, aux_layer_ids,
                                                         manifest["num_layers"], max_tokens=max_tokens, head=head,
                                                         device=device))
+    methods = list(dict.fromkeys(spec["draft_sample_method"] for spec in speculative))
     metrics = {
         "vllm_version": speculative[0]["vllm_version"],
         "max_tokens": max_tokens,
         "suites": {suite: max(r["prompts"] for (s, _, _), r in plain.items() if s == suite) for suite, _, _ in plain},
         "temperatures": sorted({t for _, t, _ in plain}),
+        "draft_sample_methods": methods,
         "num_speculative_tokens": Ks,
         "concurrency": sorted({c for _, _, c in plain}),
+        "ceilings": {method: CEILING_DESCRIPTIONS[method] for method in methods},
         "greedy_identity_exact": speculative[0]["greedy_identity_exact"],
         "max_divergent_share": speculative[0]["max_divergent_share"],
         "agreement": {"greedy_tolerance": agreement_tolerance, "standard_errors": agreement_standard_errors,

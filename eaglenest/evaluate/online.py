@@ -1,8 +1,9 @@
 """The drafter in real vLLM: every suite, temperature and concurrency, without the drafter (rule
-vllm_baseline) and with it at each K (rule vllm_speculative).
+vllm_baseline) and with it at each draft method and K (rule vllm_speculative).
 
 One engine per engine configuration: the baseline's engine runs every (suite, temperature,
-concurrency), and so does each K's drafter engine, with at most `concurrency` requests in it at
+concurrency), and so does each (draft method, K)'s drafter engine (probabilistic drafting only
+above temperature 0: at 0 vLLM drafts the argmax whatever the method), with at most `concurrency` requests in it at
 a time (eaglenest.engine.generate_at) and max_num_seqs set to the largest. vLLM's counters of
 each run, differenced, give its online acceptance, which evaluate_vllm holds against the
 offline evaluator's on the baseline's text (eaglenest.evaluate.agreement).
@@ -70,12 +71,15 @@ class EvalEngine(EngineHolder):
     def __init__(self, target_dir, vllm, *, trust_remote_code, end_of_turn, concurrency, seed, speculative_config=None):
         tokenizer = load_tokenizer(target_dir, trust_remote_code=trust_remote_code)
         self.stop_token_ids, self.seed = [special_token_id(tokenizer, end_of_turn)], seed
-        mend = {"worker_extension_cls": CPU_SAMPLING} if vllm_cpu() and speculative_config else {}
-        mend |= seeded_sampling_args(vllm, sampling=True)  # eval.temperatures may hold one above 0
+        mends = {"worker_extension_cls": CPU_SAMPLING} if vllm_cpu() and speculative_config else {}
+        mends |= seeded_sampling_args(vllm, sampling=True)  # eval.temperatures may hold one above 0
         with worker_environment():
             self.llm = start_engine(target_dir, engine_args(vllm, trust_remote_code=trust_remote_code,
                                                             max_num_seqs=max(concurrency),
-                                                            speculative_config=speculative_config, **mend))
+                                                            speculative_config=speculative_config, **mends))
+        if "worker_extension_cls" in mends:  # the engine core runs in this process: mend it again after this start
+            from eaglenest.evaluate.cpu_sampling import mend as mend_sampling
+            mend_sampling()
 
     def run(self, suite, entries, temperature, concurrency, max_tokens, label):
         seeds = None if temperature == 0 else [request_seed(self.seed, f"{suite}:{e['id']}") for e in entries]
@@ -141,15 +145,17 @@ def baseline_texts(outputs_path, max_tokens):
 
 def vllm_speculative(prompt_paths, target_dir, drafter_dir, baseline_outputs, runs_path, *, num_speculative_tokens,
                      suites, temperatures, concurrency, max_tokens, seed, max_divergent_share, vllm, trust_remote_code,
-                     end_of_turn, latency_prompts=None):
-    """The target with the drafter at K = `num_speculative_tokens`, one engine for every (suite,
-    temperature, concurrency): writes K's runs (vLLM's counters, speed, and at temperature 0 how
-    speculation changed the baseline's greedy text); fails when it changed it."""
+                     end_of_turn, latency_prompts=None, draft_sample_method="greedy"):
+    """The target with the drafter at K = `num_speculative_tokens`, drafting by
+    `draft_sample_method` (vLLM's name), one engine for every (suite, temperature, concurrency):
+    writes the engine's runs (vLLM's counters, speed, and at temperature 0 how speculation changed
+    the baseline's greedy text); fails when it changed it."""
     prompts = read_suites(prompt_paths, suites)
     plain = baseline_texts(baseline_outputs, max_tokens)
     exact = vllm_cpu() and vllm["dtype"] == "float32"
-    spec = eagle3_speculative_config(drafter_dir, num_speculative_tokens)
-    runs, label = [], f"K={num_speculative_tokens}"
+    # the method is set here, not in eaglenest.engine, which generation imports: it must not go stale by it
+    spec = eagle3_speculative_config(drafter_dir, num_speculative_tokens) | {"draft_sample_method": draft_sample_method}
+    runs, label = [], f"{draft_sample_method} K={num_speculative_tokens}"
     with EvalEngine(target_dir, vllm, trust_remote_code=trust_remote_code, end_of_turn=end_of_turn,
                     concurrency=concurrency, seed=seed, speculative_config=spec) as engine:
         for suite, temperature, c, entries in grid(prompts, suites, temperatures, concurrency, latency_prompts):
@@ -166,25 +172,27 @@ def vllm_speculative(prompt_paths, target_dir, drafter_dir, baseline_outputs, ru
                                       run=f"{label} {run_key(suite, temperature, c)}: ")
                 run |= {"greedy_text_unchanged": divergence["divergent_share"] == 0, **divergence}
             runs.append(run)
-    out = {"vllm_version": result["vllm_version"], "num_speculative_tokens": num_speculative_tokens,
-           "max_tokens": max_tokens, "greedy_identity_exact": exact, "max_divergent_share": max_divergent_share,
+    out = {"vllm_version": result["vllm_version"], "draft_sample_method": draft_sample_method,
+           "num_speculative_tokens": num_speculative_tokens, "max_tokens": max_tokens, "greedy_identity_exact": exact, "max_divergent_share": max_divergent_share,
            "runs": runs}
     write_json(runs_path, out)
     return out
 
 
 def recommend(runs):
-    """Per (suite, temperature, concurrency), the measured run with the best speed-up: which K to
-    serve with, or, where even that one is at most 1x, that speculation does not pay there."""
+    """Per (suite, temperature, concurrency), the measured run with the best speed-up: which draft
+    method and K to serve with, or, where even that one is at most 1x (no method, no K pays), that
+    speculation does not pay there."""
     best = {}
     for run in runs:
         key = (run["suite"], run["temperature"], run["concurrency"])
         if key not in best or run["speedup"] > best[key]["speedup"]:
             best[key] = run
     return [{"suite": run["suite"], "temperature": run["temperature"], "concurrency": run["concurrency"],
-             "num_speculative_tokens": run["num_speculative_tokens"], "speedup": run["speedup"],
+             "draft_sample_method": run["draft_sample_method"], "num_speculative_tokens": run["num_speculative_tokens"],
+             "speedup": run["speedup"],
              "mean_acceptance_length": run["mean_acceptance_length"],
              "acceptance_rate_per_position": run["acceptance_rate_per_position"],
-             "ceiling_per_position": run["ceiling_per_position"],
+             "ceiling": run["ceiling"], "ceiling_per_position": run["ceiling_per_position"],
              "share_of_ceiling_per_position": run["share_of_ceiling_per_position"],
              "speculation_pays": run["speedup"] > 1} for run in best.values()]

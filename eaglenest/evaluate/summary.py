@@ -17,35 +17,42 @@ def _rates(metrics, field="acceptance_rate_per_position"):
     return " / ".join("-" if a is None else f"{a:.2f}" for a in metrics[field])
 
 
+def engine_label(run):
+    """How a drafter engine is named in the summary: its draft method and K."""
+    return f"{run['draft_sample_method']} K={run['num_speculative_tokens']}"
+
+
 def serving_table(online):
-    """Per suite, temperature and concurrency: the K with the best measured speed-up, its
-    acceptance beside its ceiling (an oracle drafting the target's argmax, on the same text),
-    every K's speed-up, and plainly where speculation does not pay."""
+    """Per suite, temperature and concurrency: the draft method and K with the best measured
+    speed-up, its acceptance beside its method's ceiling on the same text, every (method, K)'s
+    speed-up, and plainly where speculation does not pay (no method, no K)."""
     runs = online["runs"]
-    lines = [f"## In vLLM {online['vllm_version']}: the K to serve with", "",
-             "| suite | temperature | concurrency | best K | speed-up | acceptance per position | ceiling | share of ceiling "
-             "| mean acceptance length | offline, same text | speed-up by K |",
+    lines = [f"## In vLLM {online['vllm_version']}: the draft method and K to serve with", "",
+             "| suite | temperature | concurrency | best draft method, K | speed-up | acceptance per position "
+             "| ceiling (of the method) | share of that ceiling | mean acceptance length | offline, same text "
+             "| speed-up by method and K |",
              "|---|---|---|---|---|---|---|---|---|---|---|"]
     losing = []
     for best in online["recommended"]:
         same = [r for r in runs if (r["suite"], r["temperature"], r["concurrency"])
                 == (best["suite"], best["temperature"], best["concurrency"])]
-        run = next(r for r in same if r["num_speculative_tokens"] == best["num_speculative_tokens"])
-        by_k = ", ".join(f"K={r['num_speculative_tokens']} {r['speedup']:.2f}x"
-                         for r in sorted(same, key=lambda r: r["num_speculative_tokens"]))
+        run = next(r for r in same if engine_label(r) == engine_label(best))
+        by_engine = ", ".join(f"{engine_label(r)} {r['speedup']:.2f}x" for r in same)
         verdict = f"{best['speedup']:.2f}x" + ("" if best["speculation_pays"] else " (does not pay)")
-        lines.append(f"| {best['suite']} | {best['temperature']:g} | {best['concurrency']} | "
-                     f"{best['num_speculative_tokens']} | {verdict} | {_rates(run)} | {_rates(run, 'ceiling_per_position')} "
+        lines.append(f"| {best['suite']} | {best['temperature']:g} | {best['concurrency']} | {engine_label(best)} "
+                     f"| {verdict} | {_rates(run)} | {run['ceiling']}: {_rates(run, 'ceiling_per_position')} "
                      f"| {_rates(run, 'share_of_ceiling_per_position')} | {run['mean_acceptance_length']:.2f} "
-                     f"| {_rates(run['offline'])} | {by_k} |")
+                     f"| {_rates(run['offline'])} | {by_engine} |")
         if not best["speculation_pays"]:
             losing.append(f"{best['suite']} at temperature {best['temperature']:g}, concurrency {best['concurrency']} "
-                          f"(best K={best['num_speculative_tokens']}: {best['speedup']:.2f}x)")
+                          f"(best: {engine_label(best)}, {best['speedup']:.2f}x)")
     lines.append("")
     if losing:
-        lines.append("- speculation does not pay, serve without the drafter: " + "; ".join(losing))
+        lines.append("- speculation does not pay with any draft method or K, serve without the drafter: "
+                     + "; ".join(losing))
     else:
         lines.append("- speculation pays in every measured setting")
+    lines += [f"- ceiling of {method}: {description}" for method, description in online["ceilings"].items()]
     agreement = online["agreement"]
     worst = max(r["max_disagreement"] for r in runs)
     greedy = "; greedy text unchanged by speculation" if 0 in online["temperatures"] else ""
@@ -79,7 +86,8 @@ def write_summary(tokenize_report, coverage, train_log, offline_metrics, vllm_me
         f"ceiling at temperature 0 {_rates(served, 'ceiling_per_position')}",
         "- vLLM runs: suites " + ", ".join(f"{name} ({online['suites'][name]} prompts)"
                                             for name in dict.fromkeys(r["suite"] for r in online["runs"]))
-        + f"; temperatures {', '.join(f'{t:g}' for t in online['temperatures'])}; K "
+        + f"; temperatures {', '.join(f'{t:g}' for t in online['temperatures'])}; draft methods "
+        + ", ".join(online["draft_sample_methods"]) + " (probabilistic above temperature 0 only); K "
         + ", ".join(map(str, online["num_speculative_tokens"])) + "; concurrency "
         + ", ".join(map(str, online["concurrency"])) + latency_prompts(online)
         + f"; at most {online['max_tokens']} tokens each",

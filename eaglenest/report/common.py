@@ -37,7 +37,7 @@ SOURCES = {
     "vllm": ("vLLM (its spec-decode counters)", "#1f77b4"),
     "offline_same_text": ("offline, on the baseline's text", "#ff7f0e"),
     "offline_heldout": ("offline, held-out shards", "#2ca02c"),
-    "ceiling": ("ceiling: an oracle drafting the target's argmax, on the baseline's text", "#222222"),
+    "ceiling": ("ceiling", "#222222"),  # of a draft method, on the baseline's text: its name follows
 }
 CHOSEN = "#d62728"  # what the config chose (draft vocab size, max_seq_len)
 TABLE_CSS = """

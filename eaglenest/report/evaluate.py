@@ -1,19 +1,29 @@
-"""The Evaluation figures and tables: per suite and temperature, vLLM's acceptance per position
-next to the offline estimate on the same text (the proof that vLLM runs the drafter as trained),
-and the speed-up against K per concurrency (what to serve with); every run as numbers."""
+"""The Evaluation figures and tables: per suite, temperature and draft method, vLLM's acceptance
+per position next to the offline estimate on the same text (the proof that vLLM runs the drafter
+as trained) under the method's ceiling; the speed-up against K per concurrency and draft method
+(what to serve with); every run as numbers."""
 
-from itertools import product
+from itertools import groupby, product
 
 import matplotlib
 import numpy as np
 import pandas as pd
+from matplotlib.container import Container
 
 from eaglenest.report.common import (CHOSEN, DASH, SOURCES, bar_axes, count, label_bars, read_json, svg_figure,
                                      write_tables)
 from eaglenest.workflow.config import HELDOUT_SUITE
 
 ERROR_BARS = {"ecolor": "#333", "capsize": 3, "elinewidth": 1}
-MARKERS = "osD^v"  # one per concurrency in the speed figure, besides its shade
+MARKERS = "osD^v"  # one per concurrency in the speed figure (concurrency_markers), besides its shade
+# One look per draft method (vLLM's draft_sample_method), the same in both figures' legends: its
+# ceiling's line over the acceptance bars, and its speed-up line and markers ("named": in words)
+METHOD_LOOKS = {
+    "greedy": {"ceiling": "dashed", "line": "solid", "fill": "full", "named": "solid line, filled markers"},
+    "probabilistic": {"ceiling": "dotted", "line": "dashed", "fill": "none", "named": "dashed line, open markers"},
+}
+LEGEND_COLUMNS = 3  # at most; fewer where the figure is too narrow for them
+CEILING = "ceiling (of the method)"  # the tables' column of a run's ceiling: its own draft method's
 
 
 def suite_names(online):
@@ -23,17 +33,22 @@ def suite_names(online):
     return sorted(names + [s for s in online["suites"] if s not in names], key=lambda s: s != HELDOUT_SUITE)
 
 
-def panels(online):
-    """[(suite, temperature)] of vllm_metrics.json's grid, one panel each: suites row by row,
-    temperatures across."""
-    return list(product(suite_names(online), online["temperatures"]))
+def method_columns(online):
+    """[(temperature, draft method)] that ran, a column of acceptance panels each: by temperature,
+    then in the order of vllm_metrics.json's "draft_sample_methods" (at temperature 0 greedy alone:
+    the two draft the same there)."""
+    ran = {(r["temperature"], r["draft_sample_method"]) for r in online["runs"]}
+    return [(t, m) for t in online["temperatures"] for m in online["draft_sample_methods"] if (t, m) in ran]
 
 
-def runs_at(online, suite, temperature, K=None):
-    """The runs of one (suite, temperature), at K = `K` or every K, by concurrency then K."""
+def runs_at(online, suite, temperature, method=None, K=None):
+    """The runs of one (suite, temperature), of draft method `method` or every one, at K = `K` or
+    every K; by method, concurrency, K."""
     runs = [r for r in online["runs"] if r["suite"] == suite and r["temperature"] == temperature
-            and K in (None, r["num_speculative_tokens"])]
-    return sorted(runs, key=lambda r: (r["concurrency"], r["num_speculative_tokens"]))
+            and method in (None, r["draft_sample_method"]) and K in (None, r["num_speculative_tokens"])]
+    methods = online["draft_sample_methods"]
+    return sorted(runs, key=lambda r: (methods.index(r["draft_sample_method"]), r["concurrency"],
+                                       r["num_speculative_tokens"]))
 
 
 def concurrency_colors(levels):
@@ -45,6 +60,11 @@ def concurrency_colors(levels):
     return {c: shades(0.95 - 0.5 * i / (len(levels) - 1)) for i, c in enumerate(levels)}
 
 
+def concurrency_markers(levels):
+    """{concurrency: marker} of the speed figure's lines, besides their shade."""
+    return {c: MARKERS[i % len(MARKERS)] for i, c in enumerate(sorted(levels))}
+
+
 def at_once(c):
     return f"{c} request{'' if c == 1 else 's'} at once"
 
@@ -53,11 +73,10 @@ def panel_title(online, suite, temperature):
     return f"{suite}, temperature {temperature:g} ({online['suites'][suite]:,} prompts)"
 
 
-def _grid_size(online, width, height):
-    """(rows, columns, figure size) of the panels' grid: `width` x `height` inches a panel, room for
-    the legend; never narrower than the title and the legend (one panel alone)."""
-    rows, cols = len(online["suites"]), len(online["temperatures"])
-    return rows, cols, (max(width * cols + 0.6, 10.0), height * rows + 1.3)
+def _figure_size(rows, cols, height):
+    """(width, height) in inches of a grid of panels 5.2 inches wide and `height` high, with room
+    for the title and the legend; never narrower than the title (one panel alone)."""
+    return max(5.2 * cols + 0.6, 10.0), height * rows + 1.3
 
 
 def _outer_labels(axes, cols, xlabel, ylabel):
@@ -70,24 +89,30 @@ def _outer_labels(axes, cols, xlabel, ylabel):
 
 
 def _figure_legend(fig, axes):
-    """One legend for every panel, under them: each label once, in the order first drawn."""
+    """One legend for every panel, under them: each label once, in the order first drawn (bars
+    and error bars before lines: matplotlib lists them after), in as many columns as fit 90% of the
+    figure's width (matplotlib measures the text in its own font, a browser may draw it in one of
+    its own: the margin keeps the legend inside the figure in either)."""
     handles = {}
     for ax in axes:
         for handle, label in zip(*ax.get_legend_handles_labels()):
             handles.setdefault(label, handle)
-    fig.legend(handles.values(), handles.keys(), loc="outside lower center", ncols=min(len(handles), 3))
+    handles = dict(sorted(handles.items(), key=lambda item: not isinstance(item[1], Container)))
+    for ncols in range(min(len(handles), LEGEND_COLUMNS), 0, -1):
+        legend = fig.legend(handles.values(), handles.keys(), loc="outside lower center", ncols=ncols)
+        if ncols == 1 or legend.get_window_extent().width <= 0.9 * fig.bbox.width:
+            return
+        legend.remove()
 
 
-def _acceptance_bars(online, offline, suite, temperature, K, colors):
-    """[(label, rates, color, error bars or None)] of one panel: vLLM's runs at K (one per
-    concurrency), the offline estimate on their text (± eval.agreement_standard_errors standard
-    errors above temperature 0) and, held out at temperature 0, the offline held-out shards."""
-    runs = runs_at(online, suite, temperature, K)
+def _acceptance_bars(offline, runs, suite, temperature, z, colors):
+    """[(label, rates, color, error bars or None)] of one panel, its `runs` at the largest K: vLLM's
+    (one per concurrency), the offline estimate of their draft method on their text (± `z`
+    standard errors above temperature 0) and, held out at temperature 0, the offline held-out shards."""
     bars = [(f"vLLM, {at_once(r['concurrency'])}", r["acceptance_rate_per_position"], colors[r["concurrency"]], None)
             for r in runs]
     if runs:
         same = runs[0]["offline"]  # the estimate on the baseline's text, the same for every concurrency
-        z = online["agreement"]["standard_errors"]
         errors = [z * se for se in same["standard_error_per_position"]] if temperature > 0 else None
         bars.append((*SOURCES["offline_same_text"][:1], same["acceptance_rate_per_position"],
                      SOURCES["offline_same_text"][1], errors))
@@ -97,86 +122,114 @@ def _acceptance_bars(online, offline, suite, temperature, K, colors):
     return bars
 
 
-def _ceiling_marks(ax, online, suite, temperature, K, span):
-    """The ceiling of one panel (the same for every concurrency) as a line over each position's
-    group of bars, `span` wide."""
-    runs = runs_at(online, suite, temperature, K)
-    if runs:
-        label, color = SOURCES["ceiling"]
-        positions = np.arange(1, K + 1)
-        ax.hlines(runs[0]["ceiling_per_position"], positions - span / 2, positions + span / 2, colors=color, lw=2,
-                  linestyles="dashed", label=label, zorder=4)
+def _ceiling_marks(ax, run, span):
+    """The ceiling of `run`'s draft method (the same for every concurrency) as a line over each
+    position's group of bars, `span` wide, in the method's style and named after it."""
+    rates, method = run["ceiling_per_position"], run["draft_sample_method"]
+    positions = np.arange(1, len(rates) + 1)
+    label, color = SOURCES["ceiling"]
+    ax.hlines(rates, positions - span / 2, positions + span / 2, colors=color, lw=2,
+              linestyles=METHOD_LOOKS[method]["ceiling"], label=f"{label}, {method} drafting: {run['ceiling']}",
+              zorder=4)
 
 
 def plot_acceptance(offline_path, vllm_path, svg_path):
-    """Small multiples, one panel per suite and temperature: grouped bars at each draft position k,
-    the share of drafts accepted through k, at the largest K: vLLM's runs, the offline estimate on
-    the same text and (held out, greedy) the offline held-out shards; a dashed line over each
-    group marks the ceiling there (what an oracle drafting the target's argmax gets on the same
-    text). Level bars: vLLM runs the drafter as trained; bars under the line: room to learn."""
+    """Small multiples, one panel per suite, temperature and draft method that ran: grouped bars at
+    each draft position k, the share of drafts accepted through k, at the largest K: vLLM's runs,
+    the offline estimate on the same text and (held out, temperature 0) the offline held-out
+    shards; a line over each group marks the ceiling of the panel's draft method there (what an
+    oracle drafting that way gets on the same text). Level bars: vLLM runs the drafter as trained;
+    bars under the line: room to learn."""
     online, offline = read_json(vllm_path), read_json(offline_path)
     K = max(online["num_speculative_tokens"])
     colors = concurrency_colors(online["concurrency"])
-    rows, cols, size = _grid_size(online, 5.2, 3.3)
+    columns = method_columns(online)
+    z = online["agreement"]["standard_errors"]
     title = (f"Acceptance per position at K = {K}, vLLM {online['vllm_version']} and offline "
              f"(at most {online['max_tokens']:,} tokens per prompt)")
-    with svg_figure(svg_path, nrows=rows, ncols=cols, size=size, title=title, sharey=True) as (fig, axes):
-        for ax, (suite, temperature) in zip(axes, panels(online)):
-            bars = _acceptance_bars(online, offline, suite, temperature, K, colors)
+    size = _figure_size(len(online["suites"]), len(columns), 3.6)
+    with svg_figure(svg_path, nrows=len(online["suites"]), ncols=len(columns), size=size, title=title,
+                    sharey=True) as (fig, axes):
+        for ax, (suite, (temperature, method)) in zip(axes, product(suite_names(online), columns)):
+            runs = runs_at(online, suite, temperature, method, K)
+            bars = _acceptance_bars(offline, runs, suite, temperature, z, colors)
             width = 0.84 / max(len(bars), 1)
             for i, (label, rates, color, errors) in enumerate(bars):
                 x = np.arange(1, len(rates) + 1) + (i - (len(bars) - 1) / 2) * width
                 drawn = ax.bar(x, rates, width, color=color, label=label, yerr=errors, error_kw=ERROR_BARS)
                 crowded = len(bars) * K > 12  # upright labels would run into each other; above any error bar
                 label_bars(ax, drawn, fontsize=6 if crowded else 7, rotation=90 if crowded else 0)
-            _ceiling_marks(ax, online, suite, temperature, K, 0.84)
-            if temperature > 0 and bars:  # the error bars' legend entry
+            if runs:
+                _ceiling_marks(ax, runs[0], 0.84)
+            if temperature > 0 and runs:  # the error bars' legend entry
                 ax.errorbar([np.nan], [np.nan], yerr=[1], fmt="none", **ERROR_BARS,
-                            label=f"± {online['agreement']['standard_errors']:g} standard errors of the "
-                                  "offline-vLLM gap (temperature > 0)")
+                            label=f"± {z:g} standard errors of the offline-vLLM gap")
             if not bars:
                 ax.text(0.5, 0.5, "no runs", transform=ax.transAxes, ha="center")
             bar_axes(ax)
-            ax.set_title(panel_title(online, suite, temperature), fontsize=10)
+            drafting = f"{method} drafting" + (f", ceiling: {runs[0]['ceiling']}" if runs else "")
+            ax.set_title(f"{panel_title(online, suite, temperature)}\n{drafting}", fontsize=10)
             ax.set_xticks(np.arange(1, K + 1), [f"position {k}" for k in range(1, K + 1)])
             ax.set_ylim(0, 1.2)
-        _outer_labels(axes, cols, "draft position k (the k-th drafted token)", "share of drafts accepted through k")
+        _outer_labels(axes, len(columns), "draft position k (the k-th drafted token)",
+                      "share of drafts accepted through k")
         _figure_legend(fig, axes)
 
 
-def _speed_panel(ax, online, suite, temperature, colors):
-    """One (suite, temperature): the speed-up at each K, a line per concurrency, and the
-    recommended K of each concurrency ringed. -> the recommendations, for the panel's title."""
-    best = {r["concurrency"]: r for r in online["recommended"]
-            if (r["suite"], r["temperature"]) == (suite, temperature)}
-    for i, c in enumerate(sorted(colors)):
-        runs = [r for r in runs_at(online, suite, temperature) if r["concurrency"] == c]
+def _speed_key(ax, online, colors, markers):
+    """The speed figure's legend entries for its lines: a concurrency's shade and marker, a draft
+    method's line and marker fill (drawn empty, once)."""
+    for c in sorted(colors):
+        ax.plot([], [], color=colors[c], lw=2, marker=markers[c], markersize=6, label=at_once(c))
+    for method in online["draft_sample_methods"]:
+        look = METHOD_LOOKS[method]
+        ax.plot([], [], color="#555", lw=2, ls=look["line"], marker="o", fillstyle=look["fill"], markersize=6,
+                label=f"{method} drafting: {look['named']}")
+
+
+def _recommended(best):
+    """One concurrency's recommendation in a speed panel's title."""
+    choice, x = f"{best['draft_sample_method']} K={best['num_speculative_tokens']}", f"{best['speedup']:.2f}x"
+    return f"{best['concurrency']} at once: " + (f"{choice}, {x}" if best["speculation_pays"]
+                                                 else f"does not pay ({choice}: {x})")
+
+
+def _speed_panel(ax, online, suite, temperature, colors, markers):
+    """One (suite, temperature): the speed-up at each K, a line per concurrency and draft method,
+    and the recommended (method, K) of each concurrency ringed. -> the recommendations, for the
+    panel's title."""
+    best = sorted((r for r in online["recommended"] if (r["suite"], r["temperature"]) == (suite, temperature)),
+                  key=lambda r: r["concurrency"])
+    for (method, c), group in groupby(runs_at(online, suite, temperature),
+                                      key=lambda r: (r["draft_sample_method"], r["concurrency"])):
+        runs = list(group)
+        look = METHOD_LOOKS[method]
         ax.plot([r["num_speculative_tokens"] for r in runs], [r["speedup"] for r in runs], color=colors[c], lw=2,
-                marker=MARKERS[i % len(MARKERS)], markersize=6, label=at_once(c))
-    for c, b in sorted(best.items()):
+                ls=look["line"], marker=markers[c], fillstyle=look["fill"], markersize=6)
+    for b in best:
         ax.scatter([b["num_speculative_tokens"]], [b["speedup"]], s=190, facecolors="none", edgecolors=CHOSEN,
-                   lw=1.8, zorder=3, label="recommended K: the best measured speed-up (in the title)")
-    return [f"{c} at once: " + (f"K={b['num_speculative_tokens']}, {b['speedup']:.2f}x" if b["speculation_pays"]
-                                else f"does not pay (K={b['num_speculative_tokens']}: {b['speedup']:.2f}x)")
-            for c, b in sorted(best.items())]
+                   lw=1.8, zorder=3, label="recommended draft method and K: the best measured speed-up (in the title)")
+    return [_recommended(b) for b in best]
 
 
 def plot_speed(offline_path, vllm_path, svg_path):
     """Small multiples, one panel per suite and temperature: vLLM's speed-up (tokens/s with the
-    drafter over without) against K, one line per concurrency; the dashed line at 1x is where
-    speculation stops paying, and the ring marks the K to serve with."""
+    drafter over without) against K, one line per concurrency and draft method; the line at 1x
+    is where speculation stops paying, and the ring marks the draft method and K to serve with."""
     online = read_json(vllm_path)
     Ks = online["num_speculative_tokens"]
-    colors = concurrency_colors(online["concurrency"])
-    rows, cols, size = _grid_size(online, 5.2, 3.3)
+    colors, markers = concurrency_colors(online["concurrency"]), concurrency_markers(online["concurrency"])
     top = max([r["speedup"] for r in online["runs"]] + [1])
     title = f"Speed-up against K, vLLM {online['vllm_version']} (tokens/s with the drafter / without)"
-    with svg_figure(svg_path, nrows=rows, ncols=cols, size=size, title=title, sharey=True) as (fig, axes):
-        for ax, (suite, temperature) in zip(axes, panels(online)):
-            best = _speed_panel(ax, online, suite, temperature, colors)
-            ax.axhline(1, color="#444", ls="--", lw=1, label="1x: speculation does not pay below")
-            lines = [" · ".join(best[i:i + 2]) for i in range(0, len(best), 2)]  # two concurrencies a line
-            ax.set_title("\n".join([panel_title(online, suite, temperature), *lines]), fontsize=9.5)
+    rows, cols = len(online["suites"]), len(online["temperatures"])
+    height = 3.3 + 0.15 * len(colors)  # a title line per concurrency
+    with svg_figure(svg_path, nrows=rows, ncols=cols, size=_figure_size(rows, cols, height), title=title,
+                    sharey=True) as (fig, axes):
+        _speed_key(axes[0], online, colors, markers)
+        for ax, (suite, temperature) in zip(axes, product(suite_names(online), online["temperatures"])):
+            best = _speed_panel(ax, online, suite, temperature, colors, markers)
+            ax.axhline(1, color="#444", lw=1.2, label="1x: speculation does not pay below")
+            ax.set_title("\n".join([panel_title(online, suite, temperature), *best]), fontsize=9.5)
             ax.set_xticks(Ks, [str(k) for k in Ks])
             ax.set_xlim(min(Ks) - 0.5, max(Ks) + 0.5)
             ax.set_ylim(0, top * 1.2)
@@ -198,18 +251,20 @@ def _greedy(run):
 
 
 def runs_table(online):
-    """DataFrame, one row per vLLM run: its acceptance, the offline estimate on the same text and
-    the tolerance between them, and its speed without and with the drafter."""
+    """DataFrame, one row per vLLM run: its acceptance beside its draft method's ceiling, the
+    offline estimate on the same text and the tolerance between them, and its speed without and
+    with the drafter."""
     rows = []
-    order = suite_names(online)
-    for r in sorted(online["runs"], key=lambda r: (order.index(r["suite"]), r["temperature"],
+    suites, methods = suite_names(online), online["draft_sample_methods"]
+    for r in sorted(online["runs"], key=lambda r: (suites.index(r["suite"]), r["temperature"],
+                                                   methods.index(r["draft_sample_method"]),
                                                    r["num_speculative_tokens"], r["concurrency"])):
         rows.append({
-            "suite": r["suite"], "temperature": f"{r['temperature']:g}", "K": str(r["num_speculative_tokens"]),
-            "concurrency": str(r["concurrency"]), "drafts": count(r["num_drafts"]),
-            "acceptance per position": _rates(r["acceptance_rate_per_position"]),
+            "suite": r["suite"], "temperature": f"{r['temperature']:g}", "draft method": r["draft_sample_method"],
+            "K": str(r["num_speculative_tokens"]), "concurrency": str(r["concurrency"]),
+            "drafts": count(r["num_drafts"]), "acceptance per position": _rates(r["acceptance_rate_per_position"]),
             "mean acceptance length": f"{r['mean_acceptance_length']:.2f}",
-            "ceiling": _rates(r["ceiling_per_position"]),
+            CEILING: _rates(r["ceiling_per_position"]),
             "share of ceiling": _rates(r["share_of_ceiling_per_position"], 2),
             "offline, same text": _rates(r["offline"]["acceptance_rate_per_position"]),
             "tolerance per position": _rates(r["tolerance_per_position"]),
@@ -222,27 +277,30 @@ def runs_table(online):
 
 
 def recommended_table(online):
-    """DataFrame, one row per (suite, temperature, concurrency): the K with the best measured
-    speed-up, or that speculation does not pay there, and its acceptance beside the ceiling."""
+    """DataFrame, one row per (suite, temperature, concurrency): the draft method and K with the
+    best measured speed-up, or that speculation does not pay there (with no method at any K), and
+    its acceptance beside its method's ceiling."""
+    def choice(r):
+        return f"{r['draft_sample_method']}, K = {r['num_speculative_tokens']}"
+
     return pd.DataFrame([{
         "suite": r["suite"], "temperature": f"{r['temperature']:g}", "concurrency": str(r["concurrency"]),
-        "serve with": f"K = {r['num_speculative_tokens']}" if r["speculation_pays"]
-        else f"no drafter: does not pay (best K = {r['num_speculative_tokens']})",
+        "serve with": choice(r) if r["speculation_pays"] else f"no drafter: does not pay (best: {choice(r)})",
         "speed-up": f"{r['speedup']:.2f}x", "mean acceptance length": f"{r['mean_acceptance_length']:.2f}",
         "acceptance per position": _rates(r["acceptance_rate_per_position"]),
-        "ceiling": _rates(r["ceiling_per_position"]),
+        CEILING: _rates(r["ceiling_per_position"]),
         "share of ceiling": _rates(r["share_of_ceiling_per_position"], 2),
     } for r in online["recommended"]])
 
 
 def heldout_table(offline):
     """DataFrame of the offline held-out shards: at vLLM's anchors ("served"), at every anchor,
-    and the ceiling at temperature 0 on the same text (an oracle drafting the target's argmax)."""
+    and greedy drafting's ceiling at temperature 0 on the same text (the argmax oracle)."""
     rows = []
     ceiling = {"acceptance_rate_per_position": offline["served"]["ceiling_per_position"]}
     ceiling["mean_acceptance_length"] = 1 + sum(ceiling["acceptance_rate_per_position"])
     for name, figures in [("at vLLM's anchors (served)", offline["served"]), ("a draft at every anchor", offline),
-                          ("ceiling, at its own anchors", ceiling)]:
+                          ("ceiling (argmax oracle), at its own anchors", ceiling)]:
         row = {"drafts from": name}
         for k, rate in enumerate(figures["acceptance_rate_per_position"], 1):
             row[f"position {k}"] = f"{rate:.3f}"
@@ -264,19 +322,27 @@ def agreement_sentence(online):
 
 
 def write_acceptance_table(offline_path, vllm_path, table_path):
-    """Every vLLM run, the K to serve with, and the offline held-out figures, as numbers (an HTML page)."""
+    """Every vLLM run, the draft method and K to serve with, and the offline held-out figures, as
+    numbers (an HTML page)."""
     online, offline = read_json(vllm_path), read_json(offline_path)
     suites = ", ".join(f"{name} ({online['suites'][name]:,} prompts)" for name in suite_names(online))
     note = (f"vLLM {online['vllm_version']}, suites {suites}, at most {online['max_tokens']:,} tokens per prompt. "
             "Acceptance at position k: the share of drafts whose first k tokens were all accepted; mean acceptance "
-            "length: 1 + their sum, tokens per target forward pass. Ceiling: what an oracle that drafts the target's "
-            "own argmax would have accepted on the same text (1 at temperature 0; above it, vLLM's rejection sampler "
-            "accepts a draft with the target's probability of it); share of ceiling: acceptance / ceiling. "
+            "length: 1 + their sum, tokens per target forward pass. Draft method: vLLM's draft_sample_method, "
+            "greedy (the drafter's argmax, accepted with the target's probability of it) or probabilistic (a draft "
+            "sampled from the drafter, accepted with min(1, p/q)); at temperature 0 the two are the same, and only "
+            "greedy runs. Ceiling (of the method): what an oracle drafting the way the run's method does would have "
+            "accepted on the same text. "
+            + "".join(f"{m.capitalize()} drafting's ceiling, {online['ceilings'][m].rstrip('.')}. "
+                      for m in online["draft_sample_methods"])
+            + "Greedy's ceiling bounds greedy drafting only: probabilistic drafting can accept more than it. Each "
+            "share of ceiling is acceptance / the ceiling of the run's own method. "
             + agreement_sentence(online)
             + " Speed-up: tokens/s with the drafter over tokens/s without, at the same concurrency.")
     runs, best, heldout = runs_table(online), recommended_table(online), heldout_table(offline)
-    tables = [("Every run: suite × temperature × K × concurrency", runs),
-              ("The K to serve with: the best measured speed-up per suite, temperature and concurrency", best),
+    tables = [("Every run: suite × temperature × draft method × K × concurrency", runs),
+              ("What to serve with: the draft method and K with the best measured speed-up per suite, temperature "
+               "and concurrency", best),
               (f"Offline, held-out shards (K = {offline['num_speculative_tokens']})", heldout)]
     numeric = {"K", "concurrency", "drafts", "mean acceptance length", "largest gap", "tokens/s without",
                "tokens/s with", "speed-up", "accepted tokens", *[c for c in heldout if c.startswith("position")]}

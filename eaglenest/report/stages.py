@@ -1,6 +1,7 @@
 """The Stages table: what each stage did in this run, one row per stage: what it consumed and
 produced, with counts from its artifacts and the wall time from its benchmark files."""
 
+from itertools import product
 from pathlib import Path
 
 import pandas as pd
@@ -112,7 +113,8 @@ def _span(values, fmt):
 
 
 def _vllm_rows(online, layers, bench):
-    """The rows of eval_prompts, vllm_baseline, each K's vllm_speculative job and agreement_states."""
+    """The rows of eval_prompts, vllm_baseline, each draft method and K's vllm_speculative job and
+    agreement_states."""
     runs, suites = online["runs"], suite_names(online)
     grid = (f"{len(suites)} suite(s) × {len(online['temperatures'])} temperature(s) × "
             f"{len(online['concurrency'])} concurrency level(s)")
@@ -125,16 +127,17 @@ def _vllm_rows(online, layers, bench):
              f"{len(plain)} runs without the drafter ({grid}) and their text: "
              f"{_span(plain.values(), '{:,.0f}')} tokens/s", benchmarks(bench, "vllm_baseline.tsv")),
     ]
-    for K in online["num_speculative_tokens"]:
-        at_k = [r for r in runs if r["num_speculative_tokens"] == K]
-        greedy = [r for r in at_k if "greedy_text_unchanged" in r]
+    for method, K in product(online["draft_sample_methods"], online["num_speculative_tokens"]):
+        engine = [r for r in runs if (r["draft_sample_method"], r["num_speculative_tokens"]) == (method, K)]
+        greedy = [r for r in engine if "greedy_text_unchanged" in r]  # temperature 0: the baseline's text is greedy
+        unchanged = (f"; greedy text unchanged in {sum(r['greedy_text_unchanged'] for r in greedy)} of {len(greedy)} "
+                     "runs at temperature 0") if greedy else ""
         rows.append(_row(
-            f"vLLM with the drafter, K = {K}", "vllm_speculative", "the prompts, the target, the drafter, the "
-            "baseline's greedy text", f"{len(at_k)} runs, {count(sum(r['generated_tokens'] for r in at_k))} tokens: "
-            f"mean acceptance length {_span([r['mean_acceptance_length'] for r in at_k], '{:.2f}')}, speed-up "
-            f"{_span([r['speedup'] for r in at_k], '{:.2f}x')}; greedy text unchanged in "
-            f"{sum(r['greedy_text_unchanged'] for r in greedy)} of {len(greedy)} greedy runs",
-            benchmarks(bench, f"vllm_speculative/K{K}.tsv")))
+            f"vLLM with the drafter, {method}, K = {K}", "vllm_speculative", "the prompts, the target, the drafter, "
+            "the baseline's greedy text", f"{len(engine)} runs, {count(sum(r['generated_tokens'] for r in engine))} "
+            f"tokens: mean acceptance length {_span([r['mean_acceptance_length'] for r in engine], '{:.2f}')}, "
+            f"speed-up {_span([r['speedup'] for r in engine], '{:.2f}x')}{unchanged}",
+            benchmarks(bench, f"vllm_speculative/{method}/K{K}.tsv")))
     texts = ", ".join(f"{t['suite']} at temperature {t['temperature']:g} ({count(t['samples'])})"
                       for t in layers["texts"])
     rows.append(_row("agreement states", "agreement_states", f"the baseline's text: {texts}", f"the target's states "
@@ -155,7 +158,7 @@ def _evaluate_rows(a, bench):
         *_vllm_rows(online, a["agreement"], bench),
         _row("vLLM evaluation", "evaluate_vllm", "vLLM's counters, the agreement states",
              agreement_sentence(online) + f" Speculation pays in {len(paying)} of {len(online['recommended'])} "
-             "(suite, temperature, concurrency) settings at their best K.",
+             "(suite, temperature, concurrency) settings at their best draft method and K.",
              benchmarks(bench, "evaluate_vllm.tsv")),
     ]
 

@@ -53,7 +53,8 @@ class Progress:
     tokens: int = 0  # supervised tokens trained on, over all processes
     elapsed: float = 0.0  # seconds of training, over every resumed part of the run
     rows: list = dataclasses.field(default_factory=list)  # the training log so far
-    window: list = dataclasses.field(default_factory=list)  # [loss, step losses, step accs] per step since the last row
+    # [loss, step losses, step accuracies, step agreements] per step since the last row
+    window: list = dataclasses.field(default_factory=list)
 
 
 @dataclasses.dataclass
@@ -91,8 +92,8 @@ def supervision(samples, ttt_steps):
 
 def log_columns(ttt_steps):
     """The training log's columns."""
-    losses = [f"loss_{k}" for k in range(ttt_steps)] + [f"acc_{k}" for k in range(ttt_steps)]
-    return ["step", "epoch", "lr", "loss", *losses, "tokens", "elapsed_s"]
+    steps = [f"{name}_{k}" for name in ("loss", "acc", "agreement") for k in range(ttt_steps)]
+    return ["step", "epoch", "lr", "loss", *steps, "tokens", "elapsed_s"]
 
 
 def write_tsv(path, columns, rows):
@@ -108,10 +109,10 @@ def train_drafter(shard_paths, manifest_path, d2t_path, t2d_path, target_dir, ou
                   step_weight_decay=0.8, epochs=1, max_steps=None, max_tokens_per_batch=8192,
                   tokens_per_step=8192, lr=1e-4, warmup=0, schedule="cosine", optimizer="adamw", weight_decay=0.0,
                   muon_lr=None, muon_weight_decay=0.1, max_grad_norm=0.5, supervise="in_draft_vocab",
-                  train_lm_head=True, heldout_fraction=0.0, init_from=None, drafter_geometry=None, log_every=10,
-                  verifier_name_or_path=None, export_dtype=None, num_workers=0, pin_memory=False,
-                  activation_checkpointing=False, bf16=None, device=None, trained_config_path=None, resume_dir=None,
-                  checkpoint_every=50, num_processes=1, nnodes=1, launcher=""):
+                  temperature=1.0, tv_weight=0.0, train_lm_head=True, heldout_fraction=0.0, init_from=None,
+                  drafter_geometry=None, log_every=10, verifier_name_or_path=None, export_dtype=None, num_workers=0,
+                  pin_memory=False, activation_checkpointing=False, bf16=None, device=None, trained_config_path=None,
+                  resume_dir=None, checkpoint_every=50, num_processes=1, nnodes=1, launcher=""):
     """Train a drafter; write it to out_dir (speculators format) and a TSV log, atomically.
 
     Trains max_steps optimizer steps if given, else `epochs` passes over the samples that are
@@ -121,15 +122,20 @@ def train_drafter(shard_paths, manifest_path, d2t_path, t2d_path, target_dir, ou
     `drafter_geometry`: the config's `drafter:` section, DrafterConfig fields
     (num_attention_heads, head_dim, rope_scaling, ...) that replace the defaults unless None.
     The TSV has one row per `log_every` steps: means over those steps of the loss, the step
-    losses and the step accuracies (draft argmax = target argmax). Deterministic for a seed on
-    CPU. `trained_config_path`: where to write the DrafterConfig as trained (JSON), what the
+    losses, the step accuracies (draft argmax = target argmax) and the step agreements (sum_x
+    min(p, q), what probabilistic drafting accepts at its first position). Deterministic for a
+    seed on CPU. `trained_config_path`: where to write the DrafterConfig as trained (JSON), what the
     pre-flight check and evaluate_vllm hold the export and vLLM's reading of it against.
 
     The recipe (docs/TRAINING.md "Recipe"): `optimizer` adamw, or muon (with `muon_lr`, None:
     10 × lr, and `muon_weight_decay`) for the hidden matrices and AdamW (`weight_decay`) for the
     rest (eaglenest.train.optim); `schedule` cosine or linear after `warmup` steps; gradients
     clipped to `max_grad_norm`; `supervise` in_draft_vocab (positions whose target argmax the
-    draft vocab holds) or all (every generated one); `train_lm_head` False keeps the target's rows.
+    draft vocab holds) or all (every generated one); `temperature`: the drafter's softmax(logits /
+    temperature) is fitted to the target's (the config's null is resolved before: see
+    eaglenest.workflow.serving.fitted_temperature); `tv_weight` > 0 adds that many times their total
+    variation distance to each position's soft CE (eaglenest.train.loss); `train_lm_head` False
+    keeps the target's rows.
 
     `resume_dir`: a directory of training's own (deleted on success). Every checkpoint_every
     steps the loop state goes there; a rerun of the same run (see run_key) resumes from it and
@@ -166,7 +172,8 @@ def train_drafter(shard_paths, manifest_path, d2t_path, t2d_path, target_dir, ou
     if distributed:  # after the restore, as DDP starts by broadcasting rank 0's weights
         run.model = DistributedDataParallel(run.drafter, device_ids=[run.device.index] if run.device.type == "cuda" else None)
     train_steps(run, progress, this_run, ttt_steps=ttt_steps, step_weight_decay=step_weight_decay,
-                max_grad_norm=max_grad_norm, supervise=supervise, log_every=log_every, num_workers=num_workers,
+                max_grad_norm=max_grad_norm, log_every=log_every, num_workers=num_workers,
+                loss_settings=dict(supervise=supervise, temperature=temperature, tv_weight=tv_weight),
                 pin_memory=pin_memory, bf16=bf16, resume_dir=resume_dir, checkpoint_every=checkpoint_every)
     if run.rank > 0:
         return
@@ -222,10 +229,11 @@ def epoch_loader(run, steps, num_workers, pin_memory):
     return zip([real for real, _ in rounds], loader)
 
 
-def train_steps(run, progress, this_run, *, ttt_steps, step_weight_decay, max_grad_norm, supervise, log_every,
+def train_steps(run, progress, this_run, *, ttt_steps, step_weight_decay, max_grad_norm, loss_settings, log_every,
                 num_workers, pin_memory, bf16, resume_dir, checkpoint_every):
     """Optimizer steps from progress.step to run.total_steps, logging every `log_every` steps
-    and checkpointing every `checkpoint_every` (rank 0, into resume_dir)."""
+    and checkpointing every `checkpoint_every` (rank 0, into resume_dir). `loss_settings`:
+    ttt_loss's keywords (supervise, temperature, tv_weight)."""
     bf16 = run.device.type == "cuda" if bf16 is None else bf16
     elapsed_before, start, first_step = progress.elapsed, time.time(), progress.step
     epoch, done = 0, progress.step  # resumed: skip the done epochs, then the epoch's done steps
@@ -240,13 +248,13 @@ def train_steps(run, progress, this_run, *, ttt_steps, step_weight_decay, max_gr
         rounds = iter(epoch_loader(run, steps, num_workers, pin_memory))
         for step in steps:
             turns = list(itertools.islice(rounds, len(rank_rounds(step, run.rank, run.world_size))))
-            value, step_losses, step_accs = optimizer_step(run, step, turns, bf16, ttt_steps, step_weight_decay,
-                                                           max_grad_norm, supervise)
+            value, step_losses, step_accs, step_agreements = optimizer_step(
+                run, step, turns, bf16, ttt_steps, step_weight_decay, max_grad_norm, loss_settings)
             progress.step += 1
             tokens = sum(run.supervised[i] for batch in step for i in batch)
             progress.tokens += tokens
             ticker.advance(work=tokens)
-            progress.window.append([value, *step_losses, *step_accs])
+            progress.window.append([value, *step_losses, *step_accs, *step_agreements])
             progress.elapsed = elapsed_before + time.time() - start
             if progress.step % log_every == 0 or progress.step == run.total_steps:
                 log_row(run, progress, epoch, ttt_steps, rate=(progress.step - first_step) / (time.time() - start))
@@ -256,10 +264,11 @@ def train_steps(run, progress, this_run, *, ttt_steps, step_weight_decay, max_gr
         epoch, done = epoch + 1, 0
 
 
-def optimizer_step(run, step, turns, bf16, ttt_steps, step_weight_decay, max_grad_norm, supervise):
+def optimizer_step(run, step, turns, bf16, ttt_steps, step_weight_decay, max_grad_norm, loss_settings):
     """One optimizer step over this rank's `turns` of the step's micro-batches: their gradients
     accumulate (DDP all-reduces once, at the last), each loss normalised over the whole step
-    (loss.soft_ce_loss). -> the step's weighted loss, step losses and accuracies (all ranks').
+    (loss.soft_ce_loss). -> the step's weighted loss, step losses, accuracies and agreements (all
+    ranks').
 
     The hidden states cross to the device in their stored dtype (bf16 or FP8 at scale; FP8 is
     dequantized there, to bf16 under autocast, to float32 without). Under bf16
@@ -267,7 +276,7 @@ def optimizer_step(run, step, turns, bf16, ttt_steps, step_weight_decay, max_gra
     target's dtype, just as from float32 (the values are the same), and a float32 copy would
     double their device memory. Without autocast they go float32 there, the drafter's dtype."""
     normalisers = step_normalisers(step, run.counts)
-    stats = torch.zeros(ttt_steps, 3, dtype=torch.float64, device=run.device)
+    stats = torch.zeros(ttt_steps, 4, dtype=torch.float64, device=run.device)
     run.optimizer.zero_grad()
     for i, (real, batch) in enumerate(turns):
         batch = {key: t.to(run.device, non_blocking=True) for key, t in batch.items()}
@@ -280,7 +289,7 @@ def optimizer_step(run, step, turns, bf16, ttt_steps, step_weight_decay, max_gra
         with contextlib.nullcontext() if sync else run.model.no_sync():
             with torch.autocast(run.device.type, dtype=torch.bfloat16, enabled=bf16):
                 loss, micro_stats = ttt_loss(run.model, batch, run.head, run.drafter.t2d, ttt_steps,
-                                             step_weight_decay, normalisers, run.world_size, supervise=supervise)
+                                             step_weight_decay, normalisers, run.world_size, **loss_settings)
             loss.backward()
         stats += micro_stats
     torch.nn.utils.clip_grad_norm_([p for p in run.drafter.parameters() if p.requires_grad], max_grad_norm)
@@ -295,9 +304,11 @@ def log_row(run, progress, epoch, ttt_steps, rate):
     progress.window = []
     progress.rows.append([progress.step, epoch, run.optimizer.last_lr(), *means, progress.tokens,
                           progress.elapsed])
+    accs, agreements = (" ".join(f"{a:.3f}" for a in means[1 + i * ttt_steps : 1 + (i + 1) * ttt_steps])
+                        for i in (1, 2))
     log.info(
-        "step %d/%d epoch %d loss %.4f acc %s | %.2f steps/s %.0f tok/s ETA %.1f min",
-        progress.step, run.total_steps, epoch, means[0], " ".join(f"{a:.3f}" for a in means[1 + ttt_steps :]),
+        "step %d/%d epoch %d loss %.4f acc %s agreement %s | %.2f steps/s %.0f tok/s ETA %.1f min",
+        progress.step, run.total_steps, epoch, means[0], accs, agreements,
         rate, progress.tokens / progress.elapsed, (run.total_steps - progress.step) / rate / 60,
     )
 
