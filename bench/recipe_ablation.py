@@ -46,7 +46,8 @@ K, MAX_TOKENS, CONCURRENCY = 3, 64, 8
 # speculators 0.9.0's defaults. KL against soft CE is no variant: they differ by the target's
 # entropy, a constant to the drafter, so their gradients are the same.
 OURS = ({"optimizer": "adamw", "weight_decay": 0.0, "schedule": "cosine", "warmup": 20, "max_grad_norm": 0.5,
-         "step_weight_decay": 0.8, "supervise": "in_draft_vocab", "tv_weight": 0.0, "train_lm_head": True},
+         "step_weight_decay": 0.8, "supervise": "in_draft_vocab", "tv_weight": 0.0, "init_std": None,
+         "train_lm_head": True},
         {"norm_before_residual": False, "norm_before_fc": False, "norm_output": False})
 VARIANTS = {
     "ours": ({}, {}),
@@ -63,6 +64,7 @@ VARIANTS = {
     "muon_lr_half": ({"muon_lr": 0.015}, {}),
     "muon_lr_double": ({"muon_lr": 0.06}, {}),
     # nor these: the total variation distance beside the soft CE (docs/TRAINING.md, "Recipe")
+    "init": ({"init_std": 0.02}, {}),  # speculators' N(0, 0.02) (transformers' _init_weights, initializer_range)
     "tv": ({"tv_weight": 1.0}, {}),
     "tv_half": ({"tv_weight": 0.5}, {}),
 }

@@ -429,6 +429,26 @@ def test_init_from_maps_lm_head_rows_by_target_id(data, trained, form):
     assert torch.equal(new.d2t, d2t) and torch.equal(new.t2d, t2d)
 
 
+def test_init_std_draws_the_hidden_matrices_from_a_normal_and_keeps_the_targets_lm_head_rows(data):
+    """train.init_std: fc, attention and MLP from N(0, init_std) (speculators' 0.02), lm_head the
+    target's rows of the draft vocab as without it; null keeps PyTorch's default (a wider uniform)."""
+    root, shards = data
+    out = {}
+    for std in (None, 0.02):
+        out[std] = root / f"init_std_{std}"
+        train_drafter(shards, root / "manifest.json", root / "d2t.pt", root / "t2d.pt", root / "target", out[std],
+                      root / f"init_std_{std}.tsv", seed=1, ttt_steps=K, max_steps=0, init_std=std)
+    default, normal = load_drafter(out[None]), load_drafter(out[0.02])
+    draft_ids = torch.arange(N) + torch.load(root / "d2t.pt")
+    assert torch.equal(normal.lm_head.weight, TargetHead(root / "target").lm_head[draft_ids])
+    assert torch.equal(normal.lm_head.weight, default.lm_head.weight)
+    for name in ("fc.weight", "layers.0.self_attn.q_proj.weight", "layers.0.mlp.down_proj.weight"):
+        weight = normal.state_dict()[name]
+        assert weight.mean().abs() < 0.005 and weight.std() == pytest.approx(0.02, rel=0.1), name
+        uniform = default.state_dict()[name]  # U(±1/sqrt(fan_in)): std 1/sqrt(3 fan_in), above 0.02 at these widths
+        assert uniform.std() == pytest.approx((3 * uniform.shape[1]) ** -0.5, rel=0.1) and uniform.std() > 0.02, name
+
+
 def test_init_from_trained_on_other_aux_layers_is_refused(data, trained, tmp_path):
     root, shards = data
     other = tmp_path / "other_layers"

@@ -131,9 +131,10 @@ def init_from_checkpoint(drafter, state, target_lm_head):
     return int((rows >= 0).sum())
 
 
-def new_drafter(target_dir, manifest, d2t, t2d, head, *, seed, init_from=None, geometry=None):
+def new_drafter(target_dir, manifest, d2t, t2d, head, *, seed, init_from=None, geometry=None, init_std=None):
     """The drafter training starts from, on the CPU but for its embedding: weights drawn from
-    `seed`, the vocab maps, lm_head rows from an init_from checkpoint (see init_from_checkpoint)
+    `seed` (fc, attention and MLP from N(0, init_std) when it is set, as transformers'
+    _init_weights draws a Llama's, else PyTorch's default uniform), the vocab maps, lm_head rows from an init_from checkpoint (see init_from_checkpoint)
     or else the target lm_head's rows of the draft vocab, and as embed_tokens the head's own
     tensor (TargetHead: on its device, in the target's dtype), frozen and shared, never copied:
     the optimizer, built over the parameters that require grad, never sees it."""
@@ -143,6 +144,10 @@ def new_drafter(target_dir, manifest, d2t, t2d, head, *, seed, init_from=None, g
     config = make_drafter_config(target_dir, manifest, d2t, t2d, init_config, geometry)
     torch.manual_seed(seed)
     drafter = Drafter(config)
+    if init_std is not None:
+        for module in drafter.modules():
+            if isinstance(module, torch.nn.Linear) and module is not drafter.lm_head:  # lm_head: the target's rows
+                torch.nn.init.normal_(module.weight, std=init_std)
     drafter.d2t.copy_(d2t)
     drafter.t2d.copy_(t2d)
     drafter.embed_tokens.weight = torch.nn.Parameter(head.embed_tokens, requires_grad=False)

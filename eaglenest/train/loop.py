@@ -109,7 +109,7 @@ def train_drafter(shard_paths, manifest_path, d2t_path, t2d_path, target_dir, ou
                   step_weight_decay=0.8, epochs=1, max_steps=None, max_tokens_per_batch=8192,
                   tokens_per_step=8192, lr=1e-4, warmup=0, schedule="cosine", optimizer="adamw", weight_decay=0.0,
                   muon_lr=None, muon_weight_decay=0.1, max_grad_norm=0.5, supervise="in_draft_vocab",
-                  temperature=1.0, tv_weight=0.0, train_lm_head=True, heldout_fraction=0.0, init_from=None,
+                  temperature=1.0, tv_weight=0.0, train_lm_head=True, init_std=None, heldout_fraction=0.0, init_from=None,
                   drafter_geometry=None, log_every=10, verifier_name_or_path=None, export_dtype=None, num_workers=0,
                   pin_memory=False, activation_checkpointing=False, bf16=None, device=None, trained_config_path=None,
                   resume_dir=None, checkpoint_every=50, num_processes=1, nnodes=1, launcher=""):
@@ -134,7 +134,8 @@ def train_drafter(shard_paths, manifest_path, d2t_path, t2d_path, target_dir, ou
     draft vocab holds) or all (every generated one); `temperature`: the drafter's softmax(logits /
     temperature) is fitted to the target's (the config's null is resolved before: see
     eaglenest.workflow.serving.fitted_temperature); `tv_weight` > 0 adds that many times their total
-    variation distance to each position's soft CE (eaglenest.train.loss); `train_lm_head` False
+    variation distance to each position's soft CE (eaglenest.train.loss); `init_std`: fc, attention
+    and MLP drawn from N(0, init_std) (None: PyTorch's default); `train_lm_head` False
     keeps the target's rows.
 
     `resume_dir`: a directory of training's own (deleted on success). Every checkpoint_every
@@ -159,7 +160,7 @@ def train_drafter(shard_paths, manifest_path, d2t_path, t2d_path, target_dir, ou
                     max_tokens_per_batch=max_tokens_per_batch, tokens_per_step=tokens_per_step, lr=lr,
                     warmup=warmup, schedule=schedule, optimizer=optimizer, weight_decay=weight_decay,
                     muon_lr=muon_lr, muon_weight_decay=muon_weight_decay, train_lm_head=train_lm_head,
-                    heldout_fraction=heldout_fraction, init_from=init_from, drafter_geometry=drafter_geometry,
+                    init_std=init_std, heldout_fraction=heldout_fraction, init_from=init_from, drafter_geometry=drafter_geometry,
                     device=device)
     run.drafter.activation_checkpointing = activation_checkpointing
     this_run = run_key(arguments) if resume_dir else None
@@ -186,7 +187,8 @@ def train_drafter(shard_paths, manifest_path, d2t_path, t2d_path, target_dir, ou
 
 def start_run(shard_paths, manifest, d2t_path, t2d_path, target_dir, distributed, *, seed, ttt_steps, epochs,
               max_steps, max_tokens_per_batch, tokens_per_step, lr, warmup, schedule, optimizer, weight_decay,
-              muon_lr, muon_weight_decay, train_lm_head, heldout_fraction, init_from, drafter_geometry, device):
+              muon_lr, muon_weight_decay, train_lm_head, init_std, heldout_fraction, init_from, drafter_geometry,
+              device):
     """The Run of train_drafter's arguments: the target head, the training samples and their
     step lists, the new drafter on its device (lm_head frozen unless train_lm_head), its
     optimizers with warmup and decay (eaglenest.train.optim)."""
@@ -198,7 +200,7 @@ def start_run(shard_paths, manifest, d2t_path, t2d_path, target_dir, distributed
     if len(samples) == 0:
         raise ValueError("no training samples left after the held-out split")
     drafter = new_drafter(target_dir, manifest, d2t, t2d, head, seed=seed, init_from=init_from,
-                          geometry=drafter_geometry)
+                          geometry=drafter_geometry, init_std=init_std)
     drafter.to(device).train()
     drafter.lm_head.weight.requires_grad_(train_lm_head)
     supervised, counts = supervision(samples, ttt_steps)
