@@ -189,7 +189,8 @@ def test_ttt_equals_incremental_drafting_with_kv_cache(flags):
     ttt = drafter(input_ids, aux, K)
     for anchor in (0, 1, 5, T - K - 1):
         for k, logits in enumerate(incremental_drafting(drafter, input_ids, aux, anchor, K)):
-            torch.testing.assert_close(ttt[k][0, anchor], logits, atol=2e-5, rtol=2e-5)
+            # float32 sums in another order: up to 2.3e-5 apart on one host's CPU (logits of ~0.02)
+            torch.testing.assert_close(ttt[k][0, anchor], logits, atol=5e-5, rtol=2e-5)
 
 
 @pytest.mark.parametrize("flag", NORM_FLAGS)

@@ -196,7 +196,7 @@ def test_another_k_runs_its_drafter_engines_and_nothing_else_in_vllm(workdir):
     assert "results/eval/vllm_speculative/greedy/K2.json" in plan and "results/eval/vllm_speculative/probabilistic/K2.json" in plan
     edit_config(workdir, {"eval": {"num_speculative_tokens": [1, 3], "suites": [{"name": "chat", "prompts": "resources/demo/eval_chat.jsonl"},
                                                                             {"name": "again", "prompts": "resources/demo/eval_chat.jsonl"}]}})
-    assert planned(workdir) == {"eval_prompts": 1, "vllm_baseline": 1, "vllm_speculative": 3, "agreement_states": 1,
+    assert planned(workdir) == {"eval_prompts": 1, "vllm_baseline": 1, "vllm_speculative": 4, "agreement_states": 1,
                                 "evaluate_vllm": 1, "summary": 1, "report_figures": 1, "all": 1}
 
 

@@ -26,6 +26,7 @@ what its method can use, a low one that it has not.
 import dataclasses
 import json
 import logging
+import math
 from pathlib import Path
 
 import torch
@@ -126,12 +127,17 @@ def compare(online, offline, tolerance):
             "agrees": all(gap <= t for gap, t in zip(gaps, tolerance))}
 
 
-def tolerance(offline, temperature, *, agreement_tolerance, z):
+def tolerance(offline, temperature, online, *, agreement_tolerance, z):
     """Per position: eval.agreement_tolerance at temperature 0 (replaying greedy text is exact but
-    for float rounding), else `z` standard errors of the gap (eaglenest.evaluate.expected)."""
+    for float rounding), else `z` standard errors of the gap (eaglenest.evaluate.expected), each at
+    least the binomial one of vLLM's own rate over its drafts: where the replay accepts next to
+    nothing its standard error is next to 0, while vLLM's counter, a sample, may still hold a few
+    (a weak drafter at a deep position: 2 of 239 against an expected 0.1)."""
     if temperature == 0:
         return [agreement_tolerance] * len(offline["acceptance_rate_per_position"])
-    return [z * se for se in offline["standard_error_per_position"]]
+    drafts = max(online["num_drafts"], 1)
+    return [z * max(se, math.sqrt(rate * (1 - rate) / drafts))
+            for se, rate in zip(offline["standard_error_per_position"], online["acceptance_rate_per_position"])]
 
 
 def _rates(fields):
@@ -247,7 +253,8 @@ def evaluate_vllm(baseline_path, outputs_path, speculative_paths, states_dir, ta
             key, K, method = (run["suite"], run["temperature"]), spec["num_speculative_tokens"], spec["draft_sample_method"]
             on_its_prompts = key + (run["prompts"], method)
             estimate_k, ceiling_k = offline[on_its_prompts][K], ceiling[on_its_prompts][K]
-            limits = tolerance(estimate_k, run["temperature"], agreement_tolerance=agreement_tolerance, z=z)
+            limits = tolerance(estimate_k, run["temperature"], online_acceptance(run["counters"]),
+                               agreement_tolerance=agreement_tolerance, z=z)
             runs.append(speculative_run(spec, run, plain[key + (run["concurrency"],)], estimate_k, ceiling_k, limits))
             log.info("%s T=%g c=%d %s K=%d: vLLM %s, offline %s, tolerance %s: %s; ceiling (%s) %s", *key,
                      run["concurrency"], method, K, _rates(runs[-1]), _rates(estimate_k),
