@@ -263,6 +263,22 @@ def workdir(built, tmp_path):
     return copy
 
 
+@contextlib.contextmanager
+def saved_storages(existing):
+    """Yields {storage pointer: bytes} of the distinct storages autograd saves for backward inside
+    the block (saved_tensors_hooks), leaving out those of the tensors `existing` (made before)."""
+    before = {t.untyped_storage().data_ptr() for t in existing}
+    seen = {}
+
+    def pack(t):
+        if t.untyped_storage().data_ptr() not in before:
+            seen[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        yield seen
+
+
 def write_training_data(root, samples, split, *, dtype, vocab_size, draft_vocab_size):
     """What training reads, from `samples` and the target in root/target: two shards (samples
     before and after `split`, the HF backend's states in `dtype`), their manifest and the vocab

@@ -114,6 +114,19 @@ def offline_sampled_counts(rng, P, Q, start, max_tokens, seed):
     return sample_counts(*replay(generated, max_tokens, *terms, seed=seed), K)
 
 
+def assert_within_3_standard_errors(online, offline):
+    """Simulated vLLM counters (drafts, accepted per position) of every request within 3 standard
+    errors of the offline expected rate and of its indicator, per position -> their rates."""
+    drafts = sum(n for n, _ in online)
+    rates = [sum(a[k] for _, a in online) / drafts for k in range(K)]
+    for k in range(K):
+        se = offline["standard_error_per_position"][k]
+        assert 0 < se < 0.05
+        assert abs(rates[k] - offline["acceptance_rate_per_position"][k]) <= 3 * se
+        assert abs(rates[k] - offline["indicator_rate_per_position"][k]) <= 3 * se
+    return rates
+
+
 def test_the_expected_acceptance_agrees_with_a_simulated_rejection_sampler():
     """vLLM's counters (simulated) within 3 standard errors of the offline expected rate, per
     position; the indicator replay too; and a drafter other than the one served does not agree."""
@@ -122,13 +135,7 @@ def test_the_expected_acceptance_agrees_with_a_simulated_rejection_sampler():
     starts = [rng.randrange(1, V) for _ in range(400)]
     online = [served_run(rng, P, draft, s, 24) for s in starts]
     offline = estimate([offline_counts(rng, P, draft, s, 24) for s in starts], K)
-    drafts = sum(n for n, _ in online)
-    rates = [sum(a[k] for _, a in online) / drafts for k in range(K)]
-    for k in range(K):
-        se = offline["standard_error_per_position"][k]
-        assert 0 < se < 0.05
-        assert abs(rates[k] - offline["acceptance_rate_per_position"][k]) <= 3 * se
-        assert abs(rates[k] - offline["indicator_rate_per_position"][k]) <= 3 * se
+    rates = assert_within_3_standard_errors(online, offline)
     assert offline["num_draft_tokens"] == K * offline["num_drafts"]
     assert offline["mean_acceptance_length"] == pytest.approx(1 + sum(offline["acceptance_rate_per_position"]))
 
@@ -173,13 +180,7 @@ def test_the_probabilistic_estimate_agrees_with_a_simulated_rejection_sampler_an
     starts = [rng.randrange(1, V) for _ in range(400)]
     online = [served_sampled_run(rng, P, Q, s, 24) for s in starts]
     offline = estimate([offline_sampled_counts(rng, P, Q, s, 24, seed) for seed, s in enumerate(starts)], K)
-    drafts = sum(n for n, _ in online)
-    rates = [sum(a[k] for _, a in online) / drafts for k in range(K)]
-    for k in range(K):
-        se = offline["standard_error_per_position"][k]
-        assert 0 < se < 0.05
-        assert abs(rates[k] - offline["acceptance_rate_per_position"][k]) <= 3 * se
-        assert abs(rates[k] - offline["indicator_rate_per_position"][k]) <= 3 * se
+    assert_within_3_standard_errors(online, offline)
     greedy = estimate([offline_counts(rng, P, Q.argmax(-1), s, 24) for s in starts], K)
     assert offline["mean_acceptance_length"] > greedy["mean_acceptance_length"] + 0.1
     assert offline["acceptance_rate_per_position"][0] > P.max(-1).values.mean()

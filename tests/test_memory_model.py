@@ -20,7 +20,7 @@ import importlib.util
 import pytest
 import torch
 
-from conftest import REPO
+from conftest import REPO, saved_storages
 from eaglenest.drafter.model import Drafter, DrafterConfig
 from eaglenest.train.loss import soft_ce_loss
 from eaglenest.train.memory import (autocast_weights, parameter_counts, retained_activations, static_memory,
@@ -76,15 +76,7 @@ def saved_bytes(drafter, samples, longest, autocast):
     aux = torch.randn(samples, longest, 3 * TINY.target_hidden_size, generator=g)
     probs = torch.randn(samples, longest, TINY.draft_vocab_size, generator=g).softmax(-1)
     mask = torch.ones(samples, longest, dtype=torch.bool)
-    before = {t.untyped_storage().data_ptr() for t in [aux, probs, *drafter.parameters()]}
-    seen = {}
-
-    def pack(t):
-        if t.untyped_storage().data_ptr() not in before:
-            seen[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
-        return t
-
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+    with saved_storages([aux, probs, *drafter.parameters()]) as seen:
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
             logits = drafter(ids, aux, 3)
             soft_ce_loss(logits, probs, mask, mask, [1, 1, 1], 0.8)

@@ -16,7 +16,7 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from conftest import write_training_data
+from conftest import saved_storages, write_training_data
 from eaglenest.workflow.atomic import save_torch
 from eaglenest.drafter.model import Drafter
 from eaglenest.evaluate.offline import evaluate_offline
@@ -196,15 +196,7 @@ def test_the_tv_backward_is_autograds_and_keeps_nothing_the_soft_ce_does_not():
     def saved_bytes(tv_weight):
         logits, target_logits, in_vocab, loss_mask = loss_inputs()
         probs = target_logits.softmax(-1)
-        before = {t.untyped_storage().data_ptr() for t in [probs, *logits]}
-        seen = {}
-
-        def pack(t):
-            if t.untyped_storage().data_ptr() not in before:
-                seen[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
-            return t
-
-        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        with saved_storages([probs, *logits]) as seen:
             soft_ce_loss(logits, probs, in_vocab, loss_mask, NORMALISERS, 0.8, temperature=0.7, tv_weight=tv_weight)
         return sum(seen.values())
 
