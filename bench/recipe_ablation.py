@@ -47,12 +47,13 @@ K, MAX_TOKENS, CONCURRENCY = 3, 64, 8
 # entropy, a constant to the drafter, so their gradients are the same.
 OURS = ({"optimizer": "adamw", "weight_decay": 0.0, "schedule": "cosine", "warmup": 20, "max_grad_norm": 0.5,
          "step_weight_decay": 0.8, "supervise": "in_draft_vocab", "tv_weight": 0.0, "init_std": None,
-         "train_lm_head": True},
+         "train_lm_head": True, "muon_lr": None, "adamw_betas": [0.9, 0.95], "mask_alignment": "predicted",
+         "length_sorted": True},
         {"norm_before_residual": False, "norm_before_fc": False, "norm_output": False})
 VARIANTS = {
     "ours": ({}, {}),
-    "muon": ({"optimizer": "muon", "weight_decay": 0.01, "muon_weight_decay": 0.1}, {}),
-    "linear": ({"schedule": "linear", "warmup": 11, "max_grad_norm": 1.0}, {}),  # 1% of the demo's 1,127 steps
+    "muon": ({"optimizer": "muon", "weight_decay": 0.01, "muon_weight_decay": 0.1}, {}),  # muon_lr None: lr
+    "linear": ({"schedule": "linear", "warmup": 21, "max_grad_norm": 1.0}, {}),  # 1% of the demo's 2,196 steps, rounded down
     "equal_steps": ({"step_weight_decay": 1.0}, {}),
     "supervise_all": ({"supervise": "all"}, {}),
     "frozen_lm_head": ({"train_lm_head": False}, {}),
@@ -60,16 +61,22 @@ VARIANTS = {
     "norm_before_fc": ({}, {"norm_before_fc": True}),
     "norm_output": ({}, {"norm_output": True}),
     "norm_before_residual": ({}, {"norm_before_residual": True}),
-    # not differences from speculators: Muon's learning rate (10 x lr by default) halved and doubled
+    "init": ({"init_std": 0.02}, {}),  # speculators' N(0, 0.02) (transformers' _init_weights, initializer_range)
+    "betas": ({"adamw_betas": [0.9, 0.999]}, {}),  # torch's default, which speculators' AdamW keeps
+    "input_mask": ({"mask_alignment": "input"}, {}),  # speculators' shift_batch: the input token's mask
+    "shuffled": ({"length_sorted": False}, {}),  # a step of samples in random order, as their sampler
+    # not differences from speculators: Muon at 5 and 20 x lr (the first ablation's mistaken
+    # "default" of 10 x lr, halved and doubled)
     "muon_lr_half": ({"muon_lr": 0.015}, {}),
     "muon_lr_double": ({"muon_lr": 0.06}, {}),
     # nor these: the total variation distance beside the soft CE (docs/TRAINING.md, "Recipe")
-    "init": ({"init_std": 0.02}, {}),  # speculators' N(0, 0.02) (transformers' _init_weights, initializer_range)
     "tv": ({"tv_weight": 1.0}, {}),
     "tv_half": ({"tv_weight": 0.5}, {}),
 }
-VARIANTS["theirs"] = tuple(  # all six differences at once: speculators 0.9.0's defaults
-    {key: value for name in ("muon", "linear", "equal_steps", "supervise_all", "frozen_lm_head", "norms")
+THEIRS = ("muon", "linear", "equal_steps", "supervise_all", "frozen_lm_head", "norms", "init", "betas", "input_mask",
+          "shuffled")
+VARIANTS["theirs"] = tuple(  # every difference at once: speculators 0.9.0's defaults
+    {key: value for name in THEIRS
      for key, value in VARIANTS[name][part].items()} for part in (0, 1))
 
 
@@ -89,21 +96,39 @@ def demo_config():
     return yaml.safe_load((REPO / "config.yaml").read_text())
 
 
-def baseline(config, temperature=0.0):
-    """The held-out prompts (all of them) and the target's text at `temperature`, once for every variant."""
+def baseline(config, temperature=0.0, *, demo=DEMO, out=OUT, max_prompts=None):
+    """The held-out prompts of the run in `demo` (at most `max_prompts`; None: all) and the
+    target's text at `temperature`, under `out`, once for every drafter served on them."""
     from eaglenest.evaluate.online import vllm_baseline
     from eaglenest.evaluate.suites import write_suite_prompts
-    prompts = OUT / "heldout.jsonl"
+    prompts = out / "heldout.jsonl"
     if not prompts.exists():
-        write_suite_prompts(prompts, "heldout", tokenized_path=DEMO / "data/tokenized_data.jsonl",
-                            heldout_fraction=config["train"]["heldout_fraction"], max_prompts=10**9, tokenize=None)
-    outputs = OUT / f"baseline_outputs{suffix(temperature)}.jsonl"
+        write_suite_prompts(prompts, "heldout", tokenized_path=demo / "data/tokenized_data.jsonl",
+                            heldout_fraction=config["train"]["heldout_fraction"], max_prompts=max_prompts,
+                            tokenize=None)
+    outputs = out / f"baseline_outputs{suffix(temperature)}.jsonl"
     if not outputs.exists():
-        vllm_baseline([prompts], DEMO / "target", OUT / f"baseline{suffix(temperature)}.json", outputs,
+        vllm_baseline([prompts], demo / "target", out / f"baseline{suffix(temperature)}.json", outputs,
                       suites=["heldout"], temperatures=[temperature], concurrency=[CONCURRENCY],
                       max_tokens=MAX_TOKENS, extra_tokens=K, seed=0, vllm=config["vllm"], trust_remote_code=False,
                       end_of_turn=config["tokenize"]["end_of_turn"])
     return prompts, outputs
+
+
+def serve(config, drafter, prompts, outputs, runs_path, temperature=0.0, draft_sample_method="greedy", *, demo=DEMO):
+    """`drafter` served with the target of `demo` in vLLM at K, on baseline()'s `prompts` at
+    `temperature`, drafting by `draft_sample_method` (vLLM's runs into `runs_path`) -> its prompt
+    count, whether it left the greedy text unchanged ("n/a" above temperature 0) and vLLM's acceptance."""
+    from eaglenest.evaluate.agreement import online_acceptance
+    from eaglenest.evaluate.online import vllm_speculative
+    runs = vllm_speculative([prompts], demo / "target", drafter, outputs, runs_path, num_speculative_tokens=K,
+                            suites=["heldout"], temperatures=[temperature], concurrency=[CONCURRENCY],
+                            max_tokens=MAX_TOKENS, seed=0, max_divergent_share=0.0, vllm=config["vllm"],
+                            trust_remote_code=False, end_of_turn=config["tokenize"]["end_of_turn"],
+                            draft_sample_method=draft_sample_method)
+    run = runs["runs"][0]
+    return {"prompts": run["prompts"], "greedy_text_unchanged": run.get("greedy_text_unchanged", "n/a"),
+            **online_acceptance(run["counters"])}
 
 
 def suffix(temperature, draft_sample_method="greedy"):
@@ -118,8 +143,6 @@ def run_variant(variant, seed, cores, temperature=0.0, draft_sample_method="gree
     `draft_sample_method`: results/recipe/<variant>_s<seed>/result.json (result_t1.json at
     temperature 1, result_t1_probabilistic.json drafting probabilistically)."""
     import torch
-    from eaglenest.evaluate.agreement import online_acceptance
-    from eaglenest.evaluate.online import vllm_speculative
     from eaglenest.train.loop import train_drafter
     torch.set_num_threads(cores)
     config = demo_config()
@@ -135,17 +158,12 @@ def run_variant(variant, seed, cores, temperature=0.0, draft_sample_method="gree
     if not (root / "drafter").exists():
         train_drafter(shards, DEMO / "hidden_states/manifest.json", DEMO / "vocab/d2t.pt", DEMO / "vocab/t2d.pt",
                       DEMO / "target", root / "drafter", root / "train_log.tsv", drafter_geometry=drafter, **train)
-    runs = vllm_speculative([prompts], DEMO / "target", root / "drafter", outputs,
-                            root / f"vllm{served}.json", num_speculative_tokens=K, suites=["heldout"],
-                            temperatures=[temperature], concurrency=[CONCURRENCY], max_tokens=MAX_TOKENS, seed=0,
-                            max_divergent_share=0.0, vllm=config["vllm"], trust_remote_code=False,
-                            end_of_turn=config["tokenize"]["end_of_turn"], draft_sample_method=draft_sample_method)
     rows = list(csv.DictReader(open(root / "train_log.tsv"), delimiter="\t"))
-    run = runs["runs"][0]
     result = {"variant": variant, "seed": seed, "temperature": temperature,
               "draft_sample_method": draft_sample_method, "steps": int(rows[-1]["step"]),
-              "train_s": float(rows[-1]["elapsed_s"]), "prompts": run["prompts"],
-              "greedy_text_unchanged": run.get("greedy_text_unchanged", "n/a"), **online_acceptance(run["counters"])}
+              "train_s": float(rows[-1]["elapsed_s"]),
+              **serve(config, root / "drafter", prompts, outputs, root / f"vllm{served}.json", temperature,
+                      draft_sample_method)}
     (root / f"result{served}.json").write_text(json.dumps(result, indent=1) + "\n")
 
 

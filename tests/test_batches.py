@@ -16,6 +16,7 @@ from eaglenest.evaluate.offline import evaluate_offline
 from eaglenest.states.shards import ShardSamples, budget_batches, collate, length_batches
 from eaglenest.train.batches import epoch_micro_batches, epoch_steps, optimizer_steps, rank_rounds, step_normalisers
 from eaglenest.train.loop import supervision, train_drafter
+from eaglenest.train.loss import MASK_OFFSET
 
 BUDGET = 4096
 RNG = random.Random(0)
@@ -50,6 +51,18 @@ def test_bucketing_pads_far_less_than_batching_in_shuffled_order():
     bucketed = padding(epoch_micro_batches(LENGTHS, BUDGET, seed=0, epoch=0), LENGTHS)
     assert bucketed < unbucketed / 10
     assert bucketed < 0.05 * sum(LENGTHS)
+
+
+def test_unsorted_micro_batches_keep_the_shuffled_order_and_mix_lengths():
+    """train.length_sorted false: the epoch's shuffled order cut by the budget as it comes (the
+    same permutation as the sorted batches start from), every sample once, deterministic."""
+    batches = epoch_micro_batches(LENGTHS, BUDGET, seed=3, epoch=1, length_sorted=False)
+    assert sorted(i for b in batches for i in b) == list(range(len(LENGTHS)))
+    assert epoch_micro_batches(LENGTHS, BUDGET, seed=3, epoch=1, length_sorted=False) == batches
+    order = torch.randperm(len(LENGTHS), generator=torch.Generator().manual_seed(3 + 1_000_003)).tolist()
+    assert sorted(batches) == sorted(budget_batches(order, LENGTHS, BUDGET))
+    sorted_batches = epoch_micro_batches(LENGTHS, BUDGET, seed=3, epoch=1)
+    assert padding(batches, LENGTHS) > 10 * padding(sorted_batches, LENGTHS)
 
 
 def test_length_batches_unshuffled_sort_all_samples():
@@ -138,6 +151,20 @@ def assert_same_training(out, reference, atol, loss_atol=1e-3):
     assert [r["tokens"] for r in rows] == [r["tokens"] for r in expected_rows]
     for row, expected_row in zip(rows, expected_rows):
         assert float(row["loss"]) == pytest.approx(float(expected_row["loss"]), abs=loss_atol)
+
+
+@pytest.mark.parametrize("alignment", ["predicted", "input"])
+def test_supervision_counts_the_positions_the_loss_supervises(data, alignment):
+    """Per sample and TTT step k, supervision()'s count is the loss_mask positions from
+    k + 1 + offset on (the loss's mask at that alignment), before any batch is loaded."""
+    _, shards = data
+    samples = ShardSamples(shards)
+    supervised, counts = supervision(samples, 3, alignment)
+    offset = MASK_OFFSET[alignment]
+    for i in range(0, len(samples), 7):
+        mask = samples[i]["loss_mask"]
+        assert supervised[i] == int(mask.sum())
+        assert counts[i] == [int(mask[k + 1 + offset :].sum()) for k in range(3)]
 
 
 def test_collate_keeps_the_stored_dtype(data):

@@ -120,3 +120,16 @@ def test_the_kimi_geometry_fits_a_budget_on_96_gb():
              for ck in (False, True) for n in bench.KIMI_BUDGETS}
     assert all(peaks[True, n] < peaks[False, n] for n in bench.KIMI_BUDGETS)
     assert bench.largest_fitting(peaks, False) is not None
+
+
+def test_muon_runs_at_lr_unless_set_and_adamw_takes_the_configured_betas():
+    """train.muon_lr null: Muon at lr, as speculators 0.9.0 resolves it (its schema.py); the
+    AdamW share (norms, lm_head) takes train.adamw_betas."""
+    drafter = Drafter(TINY)
+    for muon_lr, expected in ((None, 3e-3), (1e-2, 1e-2)):
+        optimizers = build_optimizers(drafter, optimizer="muon", lr=3e-3, weight_decay=0.01, muon_lr=muon_lr,
+                                      muon_weight_decay=0.1, warmup=0, total_steps=10, schedule="linear",
+                                      adamw_betas=(0.9, 0.999))
+        muon, adamw = optimizers.optimizers
+        assert isinstance(muon, torch.optim.Muon) and muon.param_groups[0]["initial_lr"] == expected
+        assert adamw.param_groups[0]["betas"] == (0.9, 0.999) and adamw.param_groups[0]["initial_lr"] == 3e-3

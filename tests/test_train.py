@@ -154,6 +154,24 @@ def test_the_loss_at_temperature_1_without_tv_is_todays_exactly():
         assert all(map(torch.equal, torch.autograd.grad(loss, logits), expected_gradients))
 
 
+@pytest.mark.parametrize("alignment, anchors", [
+    ("predicted", [[1, 2, 3, 4], [0, 1, 2, 3]]),  # x_{t+k+2} generated: from the first response token's prediction
+    ("input", [[2, 3, 4, 5], [1, 2, 3, 4]]),  # x_{t+k+1} generated: up to the prediction after the end of turn
+])
+def test_the_mask_alignment_picks_the_anchors_each_step_supervises(alignment, anchors):
+    """A prompt at positions 0-2, a response at 3-6 (6: the end of turn), one padded position:
+    step k at anchor t has loss (and gradient) exactly at the anchors its alignment names."""
+    loss_mask = torch.tensor([[0, 0, 0, 1, 1, 1, 1, 0]], dtype=torch.bool)
+    g = torch.Generator().manual_seed(0)
+    logits = [torch.randn(1, 8, 5, generator=g).requires_grad_() for _ in range(2)]
+    probs = torch.randn(1, 8, 5, generator=g).softmax(-1)
+    loss, stats = soft_ce_loss(logits, probs, torch.ones(1, 8, dtype=torch.bool), loss_mask, [1, 1], 0.8,
+                               mask_alignment=alignment)
+    gradients = torch.autograd.grad(loss, logits)
+    assert [g[0].abs().sum(-1).nonzero().flatten().tolist() for g in gradients] == anchors
+    assert stats[:, 1].tolist() == [4, 4]
+
+
 @pytest.mark.parametrize("temperature", [0.6, 1.7])
 def test_at_a_temperature_both_distributions_are_of_the_logits_over_it(temperature):
     """The soft CE of softmax(z_t / T) against log_softmax(z_d / T), position by position, each step's

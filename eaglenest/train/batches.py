@@ -13,19 +13,24 @@ nothing of train.
 
 import torch
 
-from eaglenest.states.shards import length_batches
+from eaglenest.states.shards import budget_batches, length_batches
 
 # Samples sorted by length together: large enough that neighbours differ little in length, small
 # enough that a sample's micro-batch partners change from epoch to epoch.
 WINDOW = 1024
 
 
-def epoch_micro_batches(lengths, max_tokens, seed, epoch, window=WINDOW):
+def epoch_micro_batches(lengths, max_tokens, seed, epoch, window=WINDOW, length_sorted=True):
     """The epoch's micro-batches of sample indices, every sample once, length-bucketed and
-    shuffled as a pure function of (seed, epoch)."""
+    shuffled as a pure function of (seed, epoch). length_sorted False: the shuffled order cut
+    by the budget as it comes (speculators' random sampler before its packing), so a
+    micro-batch, and a step, mixes lengths at the cost of more padding."""
     generator = torch.Generator().manual_seed(seed + 1_000_003 * epoch)
     order = torch.randperm(len(lengths), generator=generator).tolist()
-    batches = length_batches(order, lengths, max_tokens, window)
+    if length_sorted:
+        batches = length_batches(order, lengths, max_tokens, window)
+    else:
+        batches = budget_batches(order, lengths, max_tokens)
     return [batches[j] for j in torch.randperm(len(batches), generator=generator).tolist()]
 
 
@@ -42,9 +47,10 @@ def optimizer_steps(batches, supervised, tokens_per_step):
     return steps + [step] if step else steps
 
 
-def epoch_steps(lengths, supervised, max_tokens_per_batch, tokens_per_step, seed, epoch):
+def epoch_steps(lengths, supervised, max_tokens_per_batch, tokens_per_step, seed, epoch, length_sorted=True):
     """The epoch's optimizer steps, each a list of micro-batches of sample indices."""
-    return optimizer_steps(epoch_micro_batches(lengths, max_tokens_per_batch, seed, epoch), supervised,
+    return optimizer_steps(epoch_micro_batches(lengths, max_tokens_per_batch, seed, epoch,
+                                               length_sorted=length_sorted), supervised,
                            tokens_per_step)
 
 

@@ -34,7 +34,7 @@ from eaglenest.states.shards import ShardSamples, check_shards, collate, dequant
 from eaglenest.train.batches import epoch_steps, rank_rounds, step_normalisers
 from eaglenest.train.init_drafter import new_drafter
 from eaglenest.train.launch import launch_workers
-from eaglenest.train.loss import global_sum, step_means, ttt_loss
+from eaglenest.train.loss import MASK_OFFSET, global_sum, step_means, ttt_loss
 from eaglenest.train.optim import Optimizers, build_optimizers
 from eaglenest.train.resume import CHECKPOINT, read_resume_checkpoint, restore_loop_state, run_key, save_loop_state
 from eaglenest.drafter.target_head import TargetHead
@@ -75,17 +75,20 @@ class Run:
     counts: list  # per sample: the positions TTT step k supervises, k < ttt_steps
 
 
-def supervision(samples, ttt_steps):
+def supervision(samples, ttt_steps, mask_alignment="predicted"):
     """(supervised tokens, [positions TTT step k supervises for each k]) per sample, from the
     shards' loss_mask alone: a step's token count and loss normalisers are known before any of
-    its micro-batches is loaded. One shard's mask in memory at a time."""
+    its micro-batches is loaded. One shard's mask in memory at a time. `mask_alignment`: see
+    eaglenest.train.loss.soft_ce_loss."""
+    offset = MASK_OFFSET[mask_alignment]
     supervised, counts = [], []
     for path, entries in itertools.groupby(samples.index, key=lambda entry: entry[0]):
         starts, ends = torch.tensor([[start, end] for _, start, end, _ in entries]).T
         with safe_open(path, framework="pt") as f:
             cumulative = torch.cat([torch.zeros(1, dtype=torch.int64), f.get_tensor("loss_mask").cumsum(0)])
         supervised += (cumulative[ends] - cumulative[starts]).tolist()
-        shifted = torch.minimum(starts[:, None] + torch.arange(2, ttt_steps + 2), ends[:, None])  # x_{t+k+2}
+        shifted = torch.minimum(starts[:, None] + torch.arange(1 + offset, ttt_steps + 1 + offset),
+                                ends[:, None])  # x_{t+k+1+offset}
         counts += (cumulative[ends][:, None] - cumulative[shifted]).tolist()
     return supervised, counts
 
@@ -108,7 +111,8 @@ def write_tsv(path, columns, rows):
 def train_drafter(shard_paths, manifest_path, d2t_path, t2d_path, target_dir, out_dir, log_path, *, seed, ttt_steps,
                   step_weight_decay=0.8, epochs=1, max_steps=None, max_tokens_per_batch=8192,
                   tokens_per_step=8192, lr=1e-4, warmup=0, schedule="cosine", optimizer="adamw", weight_decay=0.0,
-                  muon_lr=None, muon_weight_decay=0.1, max_grad_norm=0.5, supervise="in_draft_vocab",
+                  muon_lr=None, muon_weight_decay=0.1, adamw_betas=(0.9, 0.95), max_grad_norm=0.5,
+                  supervise="in_draft_vocab", mask_alignment="predicted", length_sorted=True,
                   temperature=1.0, tv_weight=0.0, train_lm_head=True, init_std=None, heldout_fraction=0.0, init_from=None,
                   drafter_geometry=None, log_every=10, verifier_name_or_path=None, export_dtype=None, num_workers=0,
                   pin_memory=False, activation_checkpointing=False, bf16=None, device=None, trained_config_path=None,
@@ -128,10 +132,12 @@ def train_drafter(shard_paths, manifest_path, d2t_path, t2d_path, target_dir, ou
     pre-flight check and evaluate_vllm hold the export and vLLM's reading of it against.
 
     The recipe (docs/TRAINING.md "Recipe"): `optimizer` adamw, or muon (with `muon_lr`, None:
-    10 × lr, and `muon_weight_decay`) for the hidden matrices and AdamW (`weight_decay`) for the
-    rest (eaglenest.train.optim); `schedule` cosine or linear after `warmup` steps; gradients
-    clipped to `max_grad_norm`; `supervise` in_draft_vocab (positions whose target argmax the
-    draft vocab holds) or all (every generated one); `temperature`: the drafter's softmax(logits /
+    lr, and `muon_weight_decay`) for the hidden matrices and AdamW (`weight_decay`,
+    `adamw_betas`) for the rest (eaglenest.train.optim); `schedule` cosine or linear after
+    `warmup` steps; gradients clipped to `max_grad_norm`; `supervise` in_draft_vocab (positions
+    whose target argmax the draft vocab holds) or all (every generated one); `mask_alignment`
+    predicted or input (eaglenest.train.loss.MASK_OFFSET); `length_sorted` False: steps of
+    samples in shuffled order, not length-bucketed (eaglenest.train.batches); `temperature`: the drafter's softmax(logits /
     temperature) is fitted to the target's (the config's null is resolved before: see
     eaglenest.workflow.serving.fitted_temperature); `tv_weight` > 0 adds that many times their total
     variation distance to each position's soft CE (eaglenest.train.loss); `init_std`: fc, attention
@@ -159,7 +165,8 @@ def train_drafter(shard_paths, manifest_path, d2t_path, t2d_path, target_dir, ou
                     ttt_steps=ttt_steps, epochs=epochs, max_steps=max_steps,
                     max_tokens_per_batch=max_tokens_per_batch, tokens_per_step=tokens_per_step, lr=lr,
                     warmup=warmup, schedule=schedule, optimizer=optimizer, weight_decay=weight_decay,
-                    muon_lr=muon_lr, muon_weight_decay=muon_weight_decay, train_lm_head=train_lm_head,
+                    muon_lr=muon_lr, muon_weight_decay=muon_weight_decay, adamw_betas=adamw_betas,
+                    mask_alignment=mask_alignment, length_sorted=length_sorted, train_lm_head=train_lm_head,
                     init_std=init_std, heldout_fraction=heldout_fraction, init_from=init_from, drafter_geometry=drafter_geometry,
                     device=device)
     run.drafter.activation_checkpointing = activation_checkpointing
@@ -174,7 +181,8 @@ def train_drafter(shard_paths, manifest_path, d2t_path, t2d_path, target_dir, ou
         run.model = DistributedDataParallel(run.drafter, device_ids=[run.device.index] if run.device.type == "cuda" else None)
     train_steps(run, progress, this_run, ttt_steps=ttt_steps, step_weight_decay=step_weight_decay,
                 max_grad_norm=max_grad_norm, log_every=log_every, num_workers=num_workers,
-                loss_settings=dict(supervise=supervise, temperature=temperature, tv_weight=tv_weight),
+                loss_settings=dict(supervise=supervise, temperature=temperature, tv_weight=tv_weight,
+                                   mask_alignment=mask_alignment),
                 pin_memory=pin_memory, bf16=bf16, resume_dir=resume_dir, checkpoint_every=checkpoint_every)
     if run.rank > 0:
         return
@@ -187,7 +195,7 @@ def train_drafter(shard_paths, manifest_path, d2t_path, t2d_path, target_dir, ou
 
 def start_run(shard_paths, manifest, d2t_path, t2d_path, target_dir, distributed, *, seed, ttt_steps, epochs,
               max_steps, max_tokens_per_batch, tokens_per_step, lr, warmup, schedule, optimizer, weight_decay,
-              muon_lr, muon_weight_decay, train_lm_head, init_std, heldout_fraction, init_from, drafter_geometry,
+              muon_lr, muon_weight_decay, adamw_betas, mask_alignment, length_sorted, train_lm_head, init_std, heldout_fraction, init_from, drafter_geometry,
               device):
     """The Run of train_drafter's arguments: the target head, the training samples and their
     step lists, the new drafter on its device (lm_head frozen unless train_lm_head), its
@@ -203,13 +211,14 @@ def start_run(shard_paths, manifest, d2t_path, t2d_path, target_dir, distributed
                           geometry=drafter_geometry, init_std=init_std)
     drafter.to(device).train()
     drafter.lm_head.weight.requires_grad_(train_lm_head)
-    supervised, counts = supervision(samples, ttt_steps)
+    supervised, counts = supervision(samples, ttt_steps, mask_alignment)
     lengths = [end - start for _, start, end, _ in samples.index]
-    plan = functools.partial(epoch_steps, lengths, supervised, max_tokens_per_batch, tokens_per_step, seed)
+    plan = functools.partial(epoch_steps, lengths, supervised, max_tokens_per_batch, tokens_per_step, seed,
+                             length_sorted=length_sorted)
     total_steps = max_steps if max_steps is not None else sum(len(plan(epoch)) for epoch in range(epochs))
     optimizers = build_optimizers(drafter, optimizer=optimizer, lr=lr, weight_decay=weight_decay, muon_lr=muon_lr,
                                   muon_weight_decay=muon_weight_decay, warmup=warmup, total_steps=total_steps,
-                                  schedule=schedule)
+                                  schedule=schedule, adamw_betas=adamw_betas)
     log.info("%d samples, %d steps, device %s, %d processes", len(samples), total_steps, device, world_size)
     return Run(drafter, drafter, head, samples, optimizers, device, rank, world_size, total_steps, plan,
                supervised, counts)
@@ -235,7 +244,7 @@ def train_steps(run, progress, this_run, *, ttt_steps, step_weight_decay, max_gr
                 num_workers, pin_memory, bf16, resume_dir, checkpoint_every):
     """Optimizer steps from progress.step to run.total_steps, logging every `log_every` steps
     and checkpointing every `checkpoint_every` (rank 0, into resume_dir). `loss_settings`:
-    ttt_loss's keywords (supervise, temperature, tv_weight)."""
+    ttt_loss's keywords (supervise, temperature, tv_weight, mask_alignment)."""
     bf16 = run.device.type == "cuda" if bf16 is None else bf16
     elapsed_before, start, first_step = progress.elapsed, time.time(), progress.step
     epoch, done = 0, progress.step  # resumed: skip the done epochs, then the epoch's done steps

@@ -7,6 +7,8 @@ anchor t predicts x_{t+k+2}, so it learns from the distribution at p = t+k+1 by 
 against the drafter's log_softmax(logits / temperature), plus tv_weight × their total variation
 distance, weighted step_weight_decay**k, on positions where x_{t+k+2} was generated (loss_mask) and
 exists, and, with supervise "in_draft_vocab", where the target's argmax is inside the draft vocab.
+mask_alignment "input" (speculators') supervises where the step's input x_{t+k+1} was generated
+instead: one position earlier at both ends of a response (MASK_OFFSET).
 (Soft CE is KL(p || q) plus p's entropy, which the drafter does not change: the same gradient as a
 KL loss. The distance is 1 - sum_x min(p, q), what probabilistic drafting accepts, rewarded
 directly.)
@@ -14,6 +16,13 @@ directly.)
 
 import torch
 import torch.distributed as dist
+
+# train.mask_alignment -> which token's loss_mask decides whether step k at anchor t is supervised:
+# x_{t+k+1+offset}. "predicted" (x_{t+k+2}) supervises the first response token's prediction from
+# the prompt's last token, which vLLM never drafts (it drafts after the target's first sample);
+# "input" (x_{t+k+1}, speculators 0.9.0's shift_batch) supervises the prediction after the final
+# end-of-turn token, which vLLM never drafts either (the request ends there).
+MASK_OFFSET = {"predicted": 1, "input": 0}
 
 
 def global_sum(tensor, world_size):
@@ -24,9 +33,10 @@ def global_sum(tensor, world_size):
 
 
 def ttt_loss(model, batch, head, t2d, num_steps, step_weight_decay, normalisers, world_size=1, *,
-             supervise="in_draft_vocab", temperature=1.0, tv_weight=0.0):
+             supervise="in_draft_vocab", temperature=1.0, tv_weight=0.0, mask_alignment="predicted"):
     """The weighted TTT loss of one micro-batch -> (loss to backpropagate, stats for the log:
-    see soft_ce_loss). `normalisers`, `temperature`, `tv_weight`: see soft_ce_loss. supervise
+    see soft_ce_loss). `normalisers`, `temperature`, `tv_weight`, `mask_alignment`: see
+    soft_ce_loss. supervise
     "all": every generated position, the target's argmax in the draft vocab or not. Scaled by
     world_size: DDP averages the ranks' gradients, so the average is then their sum, one
     process's gradient of the step."""
@@ -35,7 +45,7 @@ def ttt_loss(model, batch, head, t2d, num_steps, step_weight_decay, normalisers,
         in_vocab = torch.ones_like(in_vocab)
     logits = model(batch["input_ids"], batch["aux_hidden_states"], num_steps)
     loss, stats = soft_ce_loss(logits, probs, in_vocab, batch["loss_mask"], normalisers, step_weight_decay,
-                               temperature=temperature, tv_weight=tv_weight)
+                               temperature=temperature, tv_weight=tv_weight, mask_alignment=mask_alignment)
     return loss * world_size, stats
 
 
@@ -57,25 +67,26 @@ class TotalVariation(torch.autograd.Function):
 
 
 def soft_ce_loss(logits, probs, in_vocab, loss_mask, normalisers, step_weight_decay, *, temperature=1.0,
-                 tv_weight=0.0):
+                 tv_weight=0.0, mask_alignment="predicted"):
     """sum_k step_weight_decay**k * (step k's loss sum over its positions) / normalisers[k], a
     position's loss its soft CE plus tv_weight × TV(p, q), p = `probs` (the target's, at
     `temperature`), q = softmax(logits / temperature) -> (that loss, stats [K, 4] float64: per
     step the loss sum, the count of positions, of correct argmaxes and the sum of sum_x min(p, q),
-    over the supervised in-vocab positions).
+    over the supervised in-vocab positions). Step k at anchor t is supervised where
+    x_{t+k+1+MASK_OFFSET[mask_alignment]} was generated.
 
-    normalisers[k] counts the positions step k supervises (x_{t+k+2} generated) over the whole
+    normalisers[k] counts the positions step k supervises (by the same alignment) over the whole
     optimizer step: all its micro-batches, on all ranks. It comes from the data's loss_mask
     alone, so it is known before the first micro-batch's backward and the micro-batches'
     gradients sum to the step's; positions whose target argmax is outside the draft vocab count
     in it but add no loss (that is known only once the target head ran). The log's means divide
     by the in-vocab counts instead (step_means)."""
-    T = loss_mask.shape[1]
+    T, offset = loss_mask.shape[1], MASK_OFFSET[mask_alignment]
     loss, stats = 0.0, []
     for k, step_logits in enumerate(logits):
-        n = max(T - k - 2, 0)  # anchors t whose predicted token x_{t+k+2} is in the batch
+        n = max(T - k - 1 - offset, 0)  # anchors t whose masking token x_{t+k+1+offset} is in the batch
         target = probs[:, k + 1 : k + 1 + n]  # target's distribution of x_{t+k+2}
-        mask = loss_mask[:, k + 2 :] & in_vocab[:, k + 1 : k + 1 + n]
+        mask = loss_mask[:, k + 1 + offset :] & in_vocab[:, k + 1 : k + 1 + n]
         step_logits = step_logits[:, :n]
         log_q = (step_logits / temperature).log_softmax(-1)
         ce = -(target * log_q).sum(-1)  # [B, n]

@@ -12,8 +12,6 @@ import math
 
 import torch
 
-# AdamW's moments: a short memory of the second moment, as for most transformer training.
-ADAMW_BETAS = (0.9, 0.95)
 MUON_MOMENTUM = 0.95
 
 
@@ -69,16 +67,17 @@ class Optimizers:
 
 
 def build_optimizers(drafter, *, optimizer, lr, weight_decay, muon_lr, muon_weight_decay, warmup, total_steps,
-                     schedule):
-    """The run's Optimizers over the drafter's trainable parameters. muon_lr None: 10 × lr."""
+                     schedule, adamw_betas=(0.9, 0.95)):
+    """The run's Optimizers over the drafter's trainable parameters. muon_lr None: lr (as in
+    speculators 0.9.0)."""
     named = [(name, p) for name, p in drafter.named_parameters() if p.requires_grad]
-    adamw = dict(betas=ADAMW_BETAS, weight_decay=weight_decay)
+    adamw = dict(betas=tuple(adamw_betas), weight_decay=weight_decay)
     if optimizer == "adamw":
         optimizers = [torch.optim.AdamW([p for _, p in named], lr=lr, **adamw)]
     elif optimizer == "muon":
         matrices = [p for name, p in named if is_hidden_matrix(name, p)]
         rest = [p for name, p in named if not is_hidden_matrix(name, p)]
-        optimizers = [torch.optim.Muon(matrices, lr=10 * lr if muon_lr is None else muon_lr,
+        optimizers = [torch.optim.Muon(matrices, lr=lr if muon_lr is None else muon_lr,
                                        weight_decay=muon_weight_decay, momentum=MUON_MOMENTUM,
                                        adjust_lr_fn="match_rms_adamw")]
         optimizers += [torch.optim.AdamW(rest, lr=lr, **adamw)] if rest else []
