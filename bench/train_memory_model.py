@@ -8,10 +8,11 @@ make_drafter_config: the target's own attention and MLP; the norm flags a size a
 optimizers as start_run builds them (AdamW, or Muon and AdamW; lm_head frozen where a size says
 so), and a micro-batch as collate gives it (random states, stored bf16). The step
 is the loop's (eaglenest.train.loop.optimizer_step): the cast of the states to float32,
-ttt_loss (TargetHead.distribution, Drafter.forward with K = 3, the soft CE), backward, gradient
-clipping, AdamW's step. One such step runs first (it makes AdamW's moments and warms the kernels
-up), then the gradients are dropped as the loop's zero_grad(set_to_none) does, or kept to stand
-for the earlier micro-batches of an accumulating step. Then the RSS high-water mark is reset
+ttt_loss (TargetHead.distribution, Drafter.forward with K = 3, the soft CE, plus the total
+variation term where a size gives tv_weight), backward, gradient clipping, AdamW's step. One such
+step runs first (it makes AdamW's moments and warms the kernels up), then the gradients are
+dropped as the loop's zero_grad(set_to_none) does, or kept to stand for the earlier micro-batches
+of an accumulating step. Then the RSS high-water mark is reset
 (/proc/self/clear_refs) and the measured step runs: the figure is VmHWM after it minus VmRSS at
 the reset. glibc's mmap threshold is fixed at 64 kB (MALLOC_MMAP_THRESHOLD_), so each tensor is
 its own mapping, returned when freed, and RSS follows the live tensors. One torch thread.
@@ -58,9 +59,9 @@ TEST_SIZES = [
     dict(hidden=256, heads=16, intermediate=688, target_vocab=8000, draft_vocab=500, samples=1, longest=1024,
          checkpointing=True),
     dict(hidden=256, heads=4, intermediate=688, target_vocab=8000, draft_vocab=2000, samples=2, longest=1024,
-         norms=True, optimizer="muon", train_lm_head=False),
+         norms=True, optimizer="muon", train_lm_head=False, tv_weight=1.0),
     dict(hidden=384, heads=6, intermediate=1024, target_vocab=32000, draft_vocab=8000, samples=3, longest=512,
-         autocast=True, norms=True, optimizer="muon"),
+         autocast=True, norms=True, optimizer="muon", tv_weight=1.0),
 ]
 MORE_SIZES = [
     dict(hidden=256, heads=4, intermediate=688, target_vocab=8000, draft_vocab=2000, samples=1, longest=4096),
@@ -81,9 +82,10 @@ GPU_BYTES, MARGIN = 96 * GB, 0.10
 
 def size_defaults(size):
     """A size with every field: 64-dim heads, 2 KV heads, float32 compute, fresh gradients, the
-    norm flags off (norms: norm_before_fc and norm_output on), AdamW, lm_head trained."""
+    norm flags off (norms: norm_before_fc and norm_output on), AdamW, lm_head trained, the soft CE
+    alone (tv_weight 0)."""
     return dict(head_dim=64, kv_heads=2, checkpointing=False, autocast=False, accumulate=False, norms=False,
-                optimizer="adamw", train_lm_head=True) | size
+                optimizer="adamw", train_lm_head=True, tv_weight=0.0) | size
 
 
 def norm_flags(size):
@@ -151,7 +153,7 @@ def training_step(drafter, head, optimizer, stored, size):
     batch.update({key: t.float() for key, t in batch.items() if t.is_floating_point()})
     normalisers = [max(batch["loss_mask"][:, k + 2:].sum().item(), 1) for k in range(K)]
     with torch.autocast("cpu", dtype=torch.bfloat16, enabled=size["autocast"]):
-        loss, _ = ttt_loss(drafter, batch, head, drafter.t2d, K, 0.8, normalisers)
+        loss, _ = ttt_loss(drafter, batch, head, drafter.t2d, K, 0.8, normalisers, tv_weight=size["tv_weight"])
     loss.backward()
     torch.nn.utils.clip_grad_norm_([p for p in drafter.parameters() if p.requires_grad], 0.5)
     optimizer.step()
@@ -182,13 +184,52 @@ def measure(size):
     return {"bytes": (kb("VmHWM") - base) * 1024, "seconds": time.perf_counter() - start}
 
 
-def run_measure(size):
-    """measure(size) in a fresh interpreter, with glibc's mmap threshold fixed."""
-    out = subprocess.run([sys.executable, __file__, "--measure", json.dumps(size)], cwd=REPO, capture_output=True,
+def measure_loss_backward(positions=2048, draft_vocab=8000):
+    """In this process: the peaks of one TTT step's loss backward, soft_ce_loss with tv_weight 0 and
+    1 over float32 logits [1, positions, N] from a Linear (a GPU's autocast leaves log_softmax
+    float32), above the RSS when it starts, in float32 [positions - 2, N] (log_softmax's size).
+    The model counts two at either: at_backward_start the soft CE's gradient and log_softmax's of
+    its input; at_backward_tv TotalVariation.backward's q and q - p, made before the soft CE's
+    gradient (autograd runs the branch made later first), which autograd then adds in place into
+    the gradient the TV's backward returned. Were the order the other way, the TV's would be three."""
+    import torch
+
+    from eaglenest.train.loss import soft_ce_loss
+
+    torch.set_num_threads(1)
+    g = torch.Generator().manual_seed(0)
+    hidden, weight = torch.randn(1, positions, 64, generator=g), torch.randn(draft_vocab, 64, generator=g)
+    weight.requires_grad_()
+    probs = torch.randn(1, positions, draft_vocab, generator=g).softmax(-1)
+    mask = torch.ones(1, positions, dtype=torch.bool)
+    peaks = []
+    for tv_weight in (0.0, 1.0):
+        loss, _ = soft_ce_loss([hidden @ weight.T], probs, mask, mask, [1], 0.8, tv_weight=tv_weight)
+        Path("/proc/self/clear_refs").write_text("5")  # VmHWM := VmRSS
+        base = kb("VmRSS")
+        loss.backward()
+        peaks.append((kb("VmHWM") - base) * 1024 / (4 * (positions - 2) * draft_vocab))
+        weight.grad = None
+    return peaks
+
+
+def in_fresh_process(*args):
+    """This file run with `args` in a fresh interpreter, with glibc's mmap threshold fixed: its last line, parsed."""
+    out = subprocess.run([sys.executable, __file__, *args], cwd=REPO, capture_output=True,
                          text=True, env={**os.environ, "MALLOC_MMAP_THRESHOLD_": "65536"})
     if out.returncode != 0:
-        raise RuntimeError(f"measuring {size} failed:\n{out.stderr[-3000:]}")
+        raise RuntimeError(f"measuring {args} failed:\n{out.stderr[-3000:]}")
     return json.loads(out.stdout.splitlines()[-1])
+
+
+def run_measure(size):
+    """measure(size) in a fresh interpreter."""
+    return in_fresh_process("--measure", json.dumps(size))
+
+
+def run_loss_backward():
+    """measure_loss_backward() in a fresh interpreter: [peak with tv_weight 0, with 1]."""
+    return in_fresh_process("--loss-backward")
 
 
 def drafter_config(size, max_position_embeddings=8192):
@@ -211,7 +252,7 @@ def modelled_step(size):
                         longest=s["longest"], ttt_steps=K, activation_checkpointing=s["checkpointing"],
                         autocast_bf16=s["autocast"], chunk_tokens=4096, stored_dtype_bytes=2,
                         accumulating=s["accumulate"], device="cpu", optimizer=s["optimizer"],
-                        train_lm_head=s["train_lm_head"])
+                        train_lm_head=s["train_lm_head"], tv_weight=s["tv_weight"])
     held = sum(m[key] for key in (*BETWEEN_STEPS, "batch_stored")) + (m["gradients"] if s["accumulate"] else 0)
     moment = max((key for key in m if key.startswith("at_")), key=m.get)
     return m["peak"] - held, moment.removeprefix("at_")
@@ -235,11 +276,12 @@ def kimi_config():
 
 
 def recipe():
-    """config.yaml's train.optimizer and train.train_lm_head: the demo's recipe, Kimi's default."""
+    """config.yaml's train.optimizer, train.train_lm_head and train.tv_weight: the demo's recipe,
+    Kimi's default."""
     import yaml
 
     train = yaml.safe_load((REPO / "config.yaml").read_text())["train"]
-    return {"optimizer": train["optimizer"], "train_lm_head": train["train_lm_head"]}
+    return {key: train[key] for key in ("optimizer", "train_lm_head", "tv_weight")}
 
 
 def kimi_memory(config, tokens, checkpointing, **kwargs):
@@ -257,15 +299,15 @@ def largest_fitting(peaks, checkpointing):
 
 def validation_table():
     """Markdown rows: measured vs modelled step peaks at TEST_SIZES and MORE_SIZES."""
-    rows = ["| hidden | heads | vocab V / N | samples × T | compute | ckpt | grads | peak at | measured MB "
-            "| model MB | measured / model | s |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    rows = ["| hidden | heads | vocab V / N | samples × T | compute | ckpt | grads | tv | peak at | measured MB "
+            "| model MB | measured / model | s |", "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for size in TEST_SIZES + MORE_SIZES:
         s, measured = size_defaults(size), run_measure(size)
         modelled, moment = modelled_step(size)
         rows.append(f"| {s['hidden']} | {s['heads']} | {s['target_vocab']:,} / {s['draft_vocab']:,} "
                     f"| {s['samples']} × {s['longest']:,} | {'bf16 autocast' if s['autocast'] else 'float32'} "
                     f"| {'on' if s['checkpointing'] else 'off'} | {'held' if s['accumulate'] else 'fresh'} "
-                    f"| {moment} | {measured['bytes'] / MB:,.0f} | {modelled / MB:,.0f} "
+                    f"| {s['tv_weight']:g} | {moment} | {measured['bytes'] / MB:,.0f} | {modelled / MB:,.0f} "
                     f"| {measured['bytes'] / modelled:.3f} | {measured['seconds']:.1f} |")
     return rows
 
@@ -293,6 +335,12 @@ def kimi_table():
              f"{GPU_BYTES / GB:.0f} GB: "
              f"{largest_fitting(peaks, False):,} tokens without checkpointing, "
              f"{largest_fitting(peaks, True):,} with it."]
+    # the total variation term's backward (at_backward_tv) against the soft CE alone
+    tv = {key: kimi_memory(config, key[1], key[0], tv_weight=1.0) for key in peaks}
+    change = max(abs(m["peak"] - kimi_memory(config, n, ck, tv_weight=0.0)["peak"]) for (ck, n), m in tv.items())
+    below = min(m["peak"] - m["at_backward_tv"] for m in tv.values())
+    rows += ["", f"tv_weight 1 against 0: the peaks differ by at most {change / GB:.1f} GB; the TV backward's "
+             f"moment is at least {below / GB:.1f} GB below the peak."]
     return rows
 
 
@@ -305,5 +353,7 @@ def main():
 if __name__ == "__main__":
     if sys.argv[1:2] == ["--measure"]:
         print(json.dumps(measure(json.loads(sys.argv[2]))))
+    elif sys.argv[1:2] == ["--loss-backward"]:
+        print(json.dumps(measure_loss_backward()))
     else:
         main()

@@ -8,7 +8,7 @@
 PLAN_SETTINGS = {
     "hidden_states": ["backend", "aux_layer_ids", "dtype", "device", "num_shards", "free_disk_margin_gb"],
     "train": ["heldout_fraction", "epochs", "max_tokens_per_batch", "ttt_steps", "init_from", "device",
-              "num_processes", "activation_checkpointing", "bf16", "optimizer", "train_lm_head"],
+              "num_processes", "activation_checkpointing", "bf16", "optimizer", "train_lm_head", "tv_weight"],
 }
 
 

@@ -108,6 +108,19 @@ def test_peak_of_a_training_step_is_within_20_percent_of_the_measured(size):
     assert abs(measured / modelled - 1) <= TOLERANCE, (measured, modelled, moment)
 
 
+def test_the_tv_backward_holds_no_more_than_the_soft_ces():
+    """One TTT step's loss backward in float32, measured (bench.measure_loss_backward): two float32
+    [positions, N] at its peak with the total variation term as without it, as at_backward_start
+    and at_backward_tv say (autograd runs TotalVariation.backward before making the soft CE's
+    gradient, then adds that into the TV's in place; the other way round would hold three)."""
+    without, with_tv = bench.run_loss_backward()
+    assert without == pytest.approx(2, abs=0.1) and with_tv == pytest.approx(2, abs=0.1)
+    m = {tv_weight: training_memory(TINY, target_dtype_bytes=2, tokens=2048, longest=1024, ttt_steps=3,
+                                    tv_weight=tv_weight) for tv_weight in (0.0, 1.0)}
+    assert "at_backward_tv" not in m[0.0] and m[1.0]["at_backward_tv"] <= m[1.0]["at_backward_start"]
+    assert m[0.0]["peak"] == m[1.0]["peak"]
+
+
 def test_the_kimi_geometry_fits_a_budget_on_96_gb():
     """The bench's reading for Kimi-K2.5 (bf16 target, draft vocab 32,000, K = 3, autocast): some
     budget fits one 96 GB GPU with the margin, and checkpointing lowers the peak."""

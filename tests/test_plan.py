@@ -61,7 +61,8 @@ def test_planned_training_memory_is_within_20_percent_of_the_measured_peak(tmp_p
     bench.write_target(tmp_path, s)
     train = {"max_tokens_per_batch": s["samples"] * s["longest"], "ttt_steps": 3, "device": "cpu",
              "activation_checkpointing": s["checkpointing"], "bf16": s["autocast"], "num_processes": 1,
-             "init_from": None, "optimizer": s["optimizer"], "train_lm_head": s["train_lm_head"]}
+             "init_from": None, "optimizer": s["optimizer"], "train_lm_head": s["train_lm_head"],
+             "tv_weight": s["tv_weight"]}
     terms, device, autocast = training_process_memory(
         tmp_path, hidden_states={"aux_layer_ids": [1, 4, 6], "dtype": "bfloat16"}, train=train,
         drafter=bench.norm_flags(s), draft_vocab_size=s["draft_vocab"], longest=s["longest"])

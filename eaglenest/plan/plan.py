@@ -62,7 +62,8 @@ def extraction_ram(largest_shard_bytes, target_dir, hidden_states):
 def training_process_memory(target_dir, *, hidden_states, train, drafter, draft_vocab_size, longest):
     """The memory model's bytes for one training process: the worst micro-batch (the longest
     sample, in a batch of max_tokens_per_batch or alone when longer), on the device training
-    will use, with its bf16, checkpointing and DDP settings and the recipe's optimizer and lm_head."""
+    will use, with its bf16, checkpointing and DDP settings and the recipe's optimizer, lm_head and
+    total variation term."""
     config = planned_drafter_config(target_dir, aux_layer_ids=hidden_states["aux_layer_ids"],
                                     draft_vocab_size=draft_vocab_size, init_from=train["init_from"],
                                     geometry=drafter)
@@ -74,7 +75,7 @@ def training_process_memory(target_dir, *, hidden_states, train, drafter, draft_
         activation_checkpointing=train["activation_checkpointing"], autocast_bf16=autocast,
         stored_dtype_bytes=DTYPES[hidden_states["dtype"]].itemsize, tied_embeddings=target_ties_embeddings(target_dir),
         distributed=train["num_processes"] > 1, device=device, optimizer=train["optimizer"],
-        train_lm_head=train["train_lm_head"])
+        train_lm_head=train["train_lm_head"], tv_weight=train["tv_weight"])
     return terms, device, autocast
 
 

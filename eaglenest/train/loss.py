@@ -52,7 +52,9 @@ def ttt_loss(model, batch, head, t2d, num_steps, step_weight_decay, normalisers,
 class TotalVariation(torch.autograd.Function):
     """0.5 * sum_x |p(x) - q(x)| over the last dim, q = exp(log_q), differentiable in log_q. Its
     backward keeps only p and log_q, which the soft CE keeps anyway: autograd's own would also keep
-    q and p - q, two more float32 [positions, N] per TTT step (eaglenest.train.memory)."""
+    q and p - q, two more float32 [positions, N] per TTT step (eaglenest.train.memory). Its two
+    transients, q and q - p, are as many as the soft CE's gradient and log_softmax's hold right
+    after it (at_backward_tv): computing q * sign(q - p) in one buffer would not lower the peak."""
 
     @staticmethod
     def forward(ctx, p, log_q):

@@ -1,12 +1,13 @@
 """The peak memory of one drafter training process, from the geometry alone (docs/MEMORY.md).
 
 `training_memory` follows one micro-batch as eaglenest.train.loop runs it (the cast of the batch
-on the device, TargetHead.distribution, Drafter.forward over K TTT steps, the soft CE of ttt_loss,
-backward, the optimizer's step: AdamW, or Muon and AdamW) and sums the tensors alive at each moment where the peak can fall; the
-peak is the largest sum. Every term is a tensor of the real code, in bytes from its shape and
-dtype. Those autograd keeps for backward were listed from the code; tests/test_memory_model.py
-checks the list against torch.autograd.graph.saved_tensors_hooks, and the peaks against measured
-ones (bench/train_memory_model.py). Left out: tensors of a few bytes per token or fewer (masks,
+on the device, TargetHead.distribution, Drafter.forward over K TTT steps, the soft CE and total
+variation of ttt_loss, backward, the optimizer's step: AdamW, or Muon and AdamW) and sums the
+tensors alive at each moment where the peak can fall; the peak is the largest sum. Every term is
+a tensor of the real code, in bytes from its shape and dtype. Those autograd keeps for backward
+were listed from the code; tests/test_memory_model.py checks the list against
+torch.autograd.graph.saved_tensors_hooks, and the peaks against measured ones
+(bench/train_memory_model.py). Left out: tensors of a few bytes per token or fewer (masks,
 the loss's per-position values, scalars) and what sits outside torch's tensors: the CUDA context,
 the caching allocator's reserve and fragmentation, kernels' workspaces. A budget keeps a margin
 for those.
@@ -254,8 +255,8 @@ def forward_moments(c, terms, s, block, *, tokens, ttt_steps, autocast, checkpoi
     }
 
 
-def backward_moments(c, terms, s, block, *, tokens, ttt_steps, autocast, checkpointing, accumulating, cpu, held,
-                     train_lm_head, optimizer):
+def backward_moments(c, terms, s, block, *, tokens, longest, ttt_steps, autocast, checkpointing, accumulating, cpu,
+                     held, train_lm_head, optimizer, tv_weight=0.0):
     """at_backward_start: the first log_softmax backward (the logits are freed): every step's
     tensors, the probs, the float32 gradient of the soft CE w.r.t. log_softmax and log_softmax's
     of its input. Autograd runs every step's loss backward first, so the steps' logits gradients
@@ -267,6 +268,15 @@ def backward_moments(c, terms, s, block, *, tokens, ttt_steps, autocast, checkpo
     step j's layer is recomputed beside its inputs (its keys and values twice: the forward's are
     still held), the steps after j hold their inputs, their recompute_leftover and (float32) their
     output, and j is the one of largest total.
+    at_backward_tv (tv_weight > 0): the last step's TotalVariation.backward, the first node of its
+    loss backward (autograd runs the later-made branch first: the soft CE's gradient is not made
+    yet): every step's tensors, the probs, and its float32 q = exp(log_q) and q - p [positions, N]
+    (a float32 copy of the bf16 log_softmax and q under CPU autocast, as many bytes). Its gradient
+    then waits in log_softmax's input buffer while the soft CE's is made, and autograd adds that
+    into it in place: in float32, two [positions, N] again; under CPU autocast its bf16 gradient,
+    the CE's float32 one and that one's bf16 cast, two float32 [positions, N] in all. So on a GPU
+    (float32 log_softmax) it is never above at_backward_start; on CPU under autocast it is by a
+    bf16 [positions, N]; either way below at_forward_end, which holds every step's logits.
     at_backward_layer (checkpointing): step j's layer just recomputed, before and after its attention.
     at_optimizer: the optimizer step with every gradient (optimizer_transient)."""
     K, N, H, q = ttt_steps, c.draft_vocab_size, c.hidden_size, c.num_attention_heads * c.head_dim
@@ -278,6 +288,10 @@ def backward_moments(c, terms, s, block, *, tokens, ttt_steps, autocast, checkpo
     gradients = 0 if accumulating else terms["gradients"]
     moments = {"at_backward_start": held + terms["target_probs"] + kept + terms["activations"]
                + F32 * tokens * N + s["log_softmax"]}
+    if tv_weight:
+        positions = (tokens // longest) * max(longest - K - 1, 0)  # the last step's supervised positions
+        moments["at_backward_tv"] = (held + terms["target_probs"] + kept + terms["activations"]
+                                     + 2 * F32 * positions * N)  # q and q - p
     whole = s["layer"] + s["lm"] + s["kv"] + s["positions"] + tokens * N * x  # a step before j, its logits' gradient
     attention, layer_done = [], []
     for j in range(K) if checkpointing else [K - 1]:
@@ -318,7 +332,7 @@ def optimizer_transient(c, optimizer, cpu, train_lm_head=True):
 def training_memory(c, *, target_dtype_bytes, tokens, longest, ttt_steps, activation_checkpointing=False,
                     autocast_bf16=False, chunk_tokens=4096, attention_block=None, stored_dtype_bytes=BF16,
                     accumulating=True, tied_embeddings=False, distributed=False, device="cuda", optimizer="adamw",
-                    train_lm_head=True):
+                    train_lm_head=True, tv_weight=0.0):
     """Bytes of one training process for DrafterConfig `c` (the geometry make_drafter_config gives)
     and a micro-batch of `tokens` padded tokens whose longest sample has `longest` (samples =
     tokens // longest), trained with `ttt_steps` TTT steps: a dict of the terms of static_memory
@@ -336,7 +350,10 @@ def training_memory(c, *, target_dtype_bytes, tokens, longest, ttt_steps, activa
     loop's steady state); False: they appear during backward. distributed: DDP (static_memory's
     buckets). device "cpu": no separate device memory (batch_memory), CPU autocast's op lists
     (log_softmax stays bf16) and AdamW's per-tensor update (foreach on CUDA). optimizer: adamw or
-    muon (train.optimizer); train_lm_head False: lm_head frozen (no gradient, no state, no input kept)."""
+    muon (train.optimizer); train_lm_head False: lm_head frozen (no gradient, no state, no input kept).
+    tv_weight (train.tv_weight) > 0: the total variation term's backward (at_backward_tv). Its
+    forward runs at any weight (the log's agreement) and its float32 exp(log_q) [positions, N]
+    follows the soft CE's product of that size, once that is freed: at_forward_end holds either."""
     cpu, x = device == "cpu", BF16 if autocast_bf16 else F32
     terms = static_memory(c, target_dtype_bytes=target_dtype_bytes, tied_embeddings=tied_embeddings,
                           distributed=distributed, optimizer=optimizer, train_lm_head=train_lm_head)
@@ -357,6 +374,7 @@ def training_memory(c, *, target_dtype_bytes, tokens, longest, ttt_steps, activa
     options = dict(tokens=tokens, ttt_steps=ttt_steps, autocast=autocast_bf16, checkpointing=activation_checkpointing,
                    cpu=cpu, held=held, train_lm_head=train_lm_head)
     terms |= forward_moments(c, terms, s, block, **options)
-    terms |= backward_moments(c, terms, s, block, accumulating=accumulating, optimizer=optimizer, **options)
+    terms |= backward_moments(c, terms, s, block, longest=longest, accumulating=accumulating, optimizer=optimizer,
+                              tv_weight=tv_weight, **options)
     terms["peak"] = max(value for key, value in terms.items() if key.startswith("at_"))
     return terms
