@@ -3,7 +3,8 @@
 The demo workflow runs once per mix of generate.temperatures and generate.samples_per_prompt,
 each into its own results folder (results/data_mix/<mix>), on the demo target an earlier
 `make demo` built (target.path: results/target, so every mix drafts for the same target), to
-its vLLM evaluation. All else is the demo's config, but the grid is cut to K = 3 at CONCURRENCY
+its vLLM evaluation. All else is the demo's config (its recipe and draft methods: greedy, and
+probabilistic above temperature 0), but the grid is cut to K = 3 at CONCURRENCY
 requests at once, the demo's largest, where every held-out prompt runs (one drafter engine a mix). The held-out split goes by prompt, so every mix is evaluated
 on the same held-out prompts, and the baseline texts (seeded by suite and prompt) are the same
 too: the mixes differ only in what the drafter learned from. Per mix: answers, training tokens,
@@ -82,15 +83,16 @@ def main():
             run_mix(name, *MIXES[name], args.cores)
             print(f"{name} done", file=sys.stderr, flush=True)
         rows.append(collect(name, *MIXES[name]))
-    print("| data | answers | generated tokens | generation | training | suite | T | acceptance (vLLM, K=3) "
-          "| ceiling | share of ceiling | mean acceptance length |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    print("| data | answers | generated tokens | generation | training | suite | T | draft method "
+          "| acceptance (vLLM, K=3) | ceiling (of the method) | share of ceiling | mean acceptance length |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     for row in rows:
         data = f"T {', '.join(f'{t:g}' for t in row['temperatures'])}, n={row['n']}"
         runs = [r for r in row["runs"] if r["num_speculative_tokens"] == 3 and r["concurrency"] == CONCURRENCY]
-        for run in sorted(runs, key=lambda r: (r["suite"] != "heldout", r["suite"], r["temperature"])):
+        for run in sorted(runs, key=lambda r: (r["suite"] != "heldout", r["suite"], r["temperature"],
+                                               r["draft_sample_method"])):
             print(f"| {data} | {row['answers']:,} | {row['generated_tokens']:,} | {row['generate_s']:.0f} s "
-                  f"| {row['train_s']:.0f} s | {run['suite']} | {run['temperature']:g} "
+                  f"| {row['train_s']:.0f} s | {run['suite']} | {run['temperature']:g} | {run['draft_sample_method']} "
                   f"| {rates(run['acceptance_rate_per_position'])} | {rates(run['ceiling_per_position'])} "
                   f"| {rates(run['share_of_ceiling_per_position'])} | {run['mean_acceptance_length']:.2f} |")
 

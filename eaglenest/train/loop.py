@@ -131,18 +131,12 @@ def train_drafter(shard_paths, manifest_path, d2t_path, t2d_path, target_dir, ou
     seed on CPU. `trained_config_path`: where to write the DrafterConfig as trained (JSON), what the
     pre-flight check and evaluate_vllm hold the export and vLLM's reading of it against.
 
-    The recipe (docs/TRAINING.md "Recipe"): `optimizer` adamw, or muon (with `muon_lr`, None:
-    lr, and `muon_weight_decay`) for the hidden matrices and AdamW (`weight_decay`,
-    `adamw_betas`) for the rest (eaglenest.train.optim); `schedule` cosine or linear after
-    `warmup` steps; gradients clipped to `max_grad_norm`; `supervise` in_draft_vocab (positions
-    whose target argmax the draft vocab holds) or all (every generated one); `mask_alignment`
-    predicted or input (eaglenest.train.loss.MASK_OFFSET); `length_sorted` False: steps of
-    samples in shuffled order, not length-bucketed (eaglenest.train.batches); `temperature`: the drafter's softmax(logits /
-    temperature) is fitted to the target's (the config's null is resolved before: see
-    eaglenest.workflow.serving.fitted_temperature); `tv_weight` > 0 adds that many times their total
-    variation distance to each position's soft CE (eaglenest.train.loss); `init_std`: fc, attention
-    and MLP drawn from N(0, init_std) (None: PyTorch's default); `train_lm_head` False
-    keeps the target's rows.
+    The recipe, each setting explained in docs/TRAINING.md "Recipe": `optimizer`, `lr`, `muon_lr`
+    (None: lr), `weight_decay`, `muon_weight_decay`, `adamw_betas` (eaglenest.train.optim);
+    `schedule`, `warmup`, `max_grad_norm`; `supervise`, `mask_alignment`, `temperature` (resolved
+    before: eaglenest.workflow.serving.fitted_temperature) and `tv_weight` (eaglenest.train.loss);
+    `length_sorted` (eaglenest.train.batches); `init_std`, `train_lm_head` (False: the target's
+    rows, frozen).
 
     `resume_dir`: a directory of training's own (deleted on success). Every checkpoint_every
     steps the loop state goes there; a rerun of the same run (see run_key) resumes from it and
