@@ -29,12 +29,19 @@ if config["target"]["gguf"] and (config["target"]["demo"] or config["target"]["p
     raise WorkflowError("config: target.gguf: builds the target: target.demo must be false and target.path null")
 if not config["target"]["demo"] and not config["target"]["path"] and not config["target"]["gguf"]:
     raise WorkflowError("config: target.path: required when target.demo is false (or target.gguf)")
+if (config["data"]["prompts"] is None) == (not config["data"].get("sources")):
+    raise WorkflowError("config: data.prompts, data.sources: give one of them (prompts: a file in eaglenest's shape, "
+                        "answered as it is; sources: datasets in their own shapes, read into prompts; the other null)")
 
 
 RESULTS = config["results"]
 BUILT_TARGET = config["target"]["demo"] or config["target"]["gguf"]  # built into {results}/target
 TARGET = f"{RESULTS}/target" if BUILT_TARGET else config["target"]["path"]
 RAW_RESPONSES = config["data"]["raw_responses"] or f"{RESULTS}/responses/raw_responses.jsonl"
+# datasets read into PROMPTS by read_prompts (rules/generate.smk), unless responses come from elsewhere
+SOURCES = [] if config["data"]["raw_responses"] else config["data"].get("sources") or []
+PROMPT_COUNTS = f"{RESULTS}/prompts/sources.json"  # what read_prompts kept of each source, and why not the rest
+PROMPTS = f"{RESULTS}/prompts/prompts.jsonl" if SOURCES else config["data"]["prompts"]  # what generation answers
 TOKENIZED = f"{RESULTS}/data/tokenized_data.jsonl"
 SHARD_IDS = [f"{i:05d}" for i in range(config["hidden_states"]["num_shards"])]
 PARTS = f"{RESULTS}/data/shards"  # part_NNNNN.jsonl: the tokenized samples of a shard, .sha256: their digest

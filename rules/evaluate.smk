@@ -212,6 +212,7 @@ rule summary:
         offline=rules.evaluate_offline.output.metrics,
         online=rules.evaluate_vllm.output.metrics,
         check=rules.check_drafter.output.check,
+        **({"prompt_sources": PROMPT_COUNTS} if SOURCES else {}),  # what read_prompts took of each source
     output:
         summary=f"{RESULTS}/summary.md",
     params:

@@ -14,11 +14,34 @@ RESPONSE_PART = f"{RESULTS}/responses/parts/part_{{part}}.jsonl"
 RESPONSE_PARTS = expand(RESPONSE_PART, part=[f"{i:05d}" for i in range(config["generate"]["num_parts"])])
 
 
+if SOURCES:
+
+    # data.sources: datasets in their own shapes and containers, mixed and checked whole, written as
+    # one prompts file in eaglenest's shape (eaglenest/data/sources.py; docs/DATA.md). With
+    # data.prompts instead, that file is answered as it is and this rule is not part of the run.
+    rule read_prompts:
+        input:
+            sources=[source["path"] for source in SOURCES],
+        output:
+            prompts=PROMPTS,
+            counts=PROMPT_COUNTS,
+        params:
+            sources=SOURCES,
+            mix_seed=config["data"].get("mix_seed", 0),
+            code=code("read_prompts"),
+        log:
+            f"{RESULTS}/logs/read_prompts.log",
+        conda:
+            ENV
+        script:
+            "../scripts/read_prompts.py"
+
+
 if not config["data"]["raw_responses"]:
 
     checkpoint split_prompts:
         input:
-            prompts=config["data"]["prompts"],
+            prompts=PROMPTS,
         output:
             parts=directory(PROMPT_PARTS),
         params:
@@ -67,7 +90,7 @@ if not config["data"]["raw_responses"]:
 
     rule generate_responses:
         input:
-            prompts=config["data"]["prompts"],  # the order of the merged records
+            prompts=PROMPTS,  # the order of the merged records
             parts=RESPONSE_PARTS,
         output:
             raw=RAW_RESPONSES,

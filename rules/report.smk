@@ -22,6 +22,7 @@ rule report_figures:
         offline=rules.evaluate_offline.output.metrics,
         vllm=rules.evaluate_vllm.output.metrics,
         agreement=rules.agreement_states.output.states,
+        **({"prompt_sources": PROMPT_COUNTS} if SOURCES else {}),  # read_prompts' counts, with data.sources
     output:
         plan=report(
             f"{REPORT}/plan.html",
@@ -89,6 +90,13 @@ rule report_figures:
             category="Stages",
             labels={"figure": "What each stage did (table)"},
         ),
+        **({"prompt_sources": report(
+            f"{REPORT}/prompt_sources.html",
+            caption="../report/prompt_sources.rst",
+            category="Data",
+            subcategory="Prompts",
+            labels={"figure": "Prompts from each source (table)"},
+        )} if SOURCES else {}),
     params:
         benchmarks=BENCHMARKS,
         draft_vocab_size=config["vocab"]["draft_vocab_size"],

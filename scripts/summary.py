@@ -11,4 +11,5 @@ run_stage(
     snakemake.input.offline,
     snakemake.input.online,
     snakemake.output.summary,
+    prompt_sources=snakemake.input.get("prompt_sources"),
 )

@@ -63,8 +63,20 @@ def serving_table(online):
     return lines
 
 
-def write_summary(tokenize_report, coverage, train_log, offline_metrics, vllm_metrics, out_path):
-    """A short markdown summary of one run (printed by `make demo`)."""
+def prompt_sources_line(counts_path):
+    """What read_prompts took of each of data.sources (its counts file) and why not the rest."""
+    counts = json.load(open(counts_path))
+    parts = []
+    for source in counts["sources"]:
+        dropped = ", ".join(f"{n} {reason}" for reason, n in source["dropped"].items() if n) or "none"
+        parts.append(f"{source['path']} ({source['shape']}): {source['prompts']} prompts from {source['used']} of "
+                     f"{source['records']} records (dropped: {dropped})")
+    return f"- prompts: {counts['prompts']} from {len(parts)} sources (mix_seed {counts['mix_seed']}): " + "; ".join(parts)
+
+
+def write_summary(tokenize_report, coverage, train_log, offline_metrics, vllm_metrics, out_path, prompt_sources=None):
+    """A short markdown summary of one run (printed by `make demo`); prompt_sources: read_prompts'
+    counts file, when the prompts were read from data.sources."""
     report = json.load(open(tokenize_report))
     cov = json.load(open(coverage))
     offline = json.load(open(offline_metrics))
@@ -75,6 +87,7 @@ def write_summary(tokenize_report, coverage, train_log, offline_metrics, vllm_me
     lines = [
         "# eaglenest run summary",
         "",
+        *([prompt_sources_line(prompt_sources)] if prompt_sources else []),
         f"- samples: {report['samples_in']} in, {report['samples_out']} tokenized "
         f"({report['truncated']} truncated, rejected: {report['rejected'] or 'none'}); "
         f"{report['tokens']} tokens, {report['generated_tokens']} generated",

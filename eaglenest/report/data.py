@@ -154,3 +154,26 @@ def plot_sample_lengths(plan_path, report_path, svg_path, *, max_seq_len, overlo
                 ha="right", va="top", fontsize=8,
                 bbox={"boxstyle": "round", "facecolor": "white", "edgecolor": "#ccc"})
         ax.legend(loc="upper left", fontsize=8)
+
+
+def prompt_sources_table(counts_path):
+    """DataFrame, one row per source of data.sources (read_prompts' counts file): records read,
+    used, dropped by reason, prompts written."""
+    counts = read_json(counts_path)
+    reasons = list(dict.fromkeys(reason for source in counts["sources"] for reason in source["dropped"]))
+    rows = [{"source": source["path"], "shape": source["shape"], "records": count(source["records"]),
+             "used": count(source["used"]),
+             **{f"dropped: {reason}": count(source["dropped"].get(reason, 0)) for reason in reasons},
+             "prompts": count(source["prompts"])} for source in counts["sources"]]
+    return pd.DataFrame(rows)
+
+
+def write_prompt_sources_table(counts_path, table_path):
+    """The prompts each source gave and the records it dropped, and why (an HTML table)."""
+    frame = prompt_sources_table(counts_path)
+    note = (f"{read_json(counts_path)['prompts']:,} prompts in all. A conversation gives one prompt per assistant turn "
+            "that follows a user turn (and one when it ends with a user turn); 'duplicate': a record seen before, "
+            "'nothing to answer': no assistant turn after a user turn, 'not sampled': left out by the mixture's "
+            "weight or count (docs/DATA.md).")
+    write_tables(table_path, "Prompts from each source", [(None, frame)], note,
+                 numeric=set(frame.columns) - {"source", "shape"})

@@ -1,0 +1,112 @@
+"""Dataset records in the shapes people have, turned into the prompts the target answers.
+
+Shapes (docs/DATA.md):
+- prompts: eaglenest's own {"id", "messages"}, ending with a user turn: one prompt, as it is;
+- messages: OpenAI/UltraChat, "messages" of {role, content};
+- sharegpt: "conversations" of {from: human|gpt|system, value};
+- instruction: Alpaca/Magpie, "instruction" (+ "input"), its answer in "output" or "response".
+
+A conversation (every shape but prompts) gives one prompt per assistant turn that follows a user
+turn, the prompt being the conversation before that turn, earlier assistant turns as the dataset
+has them; and one more when it ends with a user turn. The target answers each prompt in its own
+words, independently of the others (so any part can answer it).
+"""
+
+import hashlib
+import json
+
+from eaglenest.data.prompts import ROLES, parse_messages
+from eaglenest.workflow.errors import InputError
+from eaglenest.workflow.jsonl import Fields
+
+SHAPES = ("prompts", "messages", "sharegpt", "instruction")
+# The field that tells each shape, in the order auto-detection tries them (Magpie records often carry
+# both "conversations" and "instruction": the conversation is the fuller one)
+SHAPE_FIELDS = {"sharegpt": "conversations", "messages": "messages", "instruction": "instruction"}
+SHAREGPT_ROLES = {"human": "user", "user": "user", "gpt": "assistant", "assistant": "assistant", "system": "system"}
+
+
+def detect_shape(where, record):
+    """The shape of a record by its fields ("messages" reads as a conversation: name the shape
+    `prompts` to take records as prompts as they are)."""
+    if not isinstance(record, dict):
+        raise InputError(f"{where}: expected a JSON object, got {type(record).__name__}")
+    for shape, field in SHAPE_FIELDS.items():
+        if field in record:
+            return shape
+    raise InputError(f"{where}: unknown record shape: no field 'conversations' (ShareGPT), 'messages' "
+                     f"(OpenAI/UltraChat) or 'instruction' (Alpaca/Magpie); its fields: {', '.join(sorted(record))}")
+
+
+def _turns(fields, field, role_key, content_key, roles):
+    """The non-empty list `field` of {role_key, content_key} -> [{role, content}], roles mapped by `roles`."""
+    turns = fields.get(field, list)
+    if not turns:
+        raise fields.error(field, "empty conversation")
+    out = []
+    for i, turn in enumerate(turns):
+        if not isinstance(turn, dict):
+            raise fields.error(f"{field}[{i}]", f"expected object, got {type(turn).__name__}")
+        t = Fields(fields.where, turn, f"{field}[{i}].")
+        role = t.get(role_key, str)
+        if role not in roles:
+            raise t.error(role_key, f"{role!r} is no role the chat template takes ({', '.join(roles)})")
+        out.append({"role": roles[role], "content": t.get(content_key, str)})
+    return out
+
+
+def _instruction(fields):
+    """[user: instruction, then input after a blank line when there is one] and the answer, if
+    any, as an assistant turn (regenerated like any other)."""
+    instruction = fields.get("instruction", str)
+    if not instruction.strip():
+        raise fields.error("instruction", "empty")
+    extra = fields.get("input", str, optional=True, allow_none=True)
+    user = f"{instruction}\n\n{extra}" if extra and extra.strip() else instruction
+    answer = next((fields.get(key, str, allow_none=True) for key in ("output", "response") if key in fields.obj), None)
+    return [{"role": "user", "content": user}] + ([{"role": "assistant", "content": answer}] if answer else [])
+
+
+def conversation(where, record, shape):
+    """The record's messages [{role, content}], checked; errors name `where` and the field."""
+    if not isinstance(record, dict):
+        raise InputError(f"{where}: expected a JSON object, got {type(record).__name__}")
+    fields = Fields(where, record)
+    if shape == "prompts":
+        return parse_messages(fields)
+    if shape == "instruction":
+        return _instruction(fields)
+    if shape == "sharegpt":
+        return _turns(fields, "conversations", "from", "value", SHAREGPT_ROLES)
+    return _turns(fields, "messages", "role", "content", {role: role for role in ROLES})
+
+
+def record_id(where, record, messages):
+    """The record's "id" (a string or an integer), else one derived from its content: the first 16
+    hex digits of the sha256 of its messages as canonical JSON, so the same conversation always
+    gets the same id and appending records never renames the others."""
+    if "id" in record and record["id"] is not None:
+        value = record["id"]
+        if isinstance(value, bool) or not isinstance(value, (str, int)) or value == "":
+            raise InputError(f"{where}: field 'id': expected a non-empty string or an integer, got {value!r}")
+        return str(value)
+    return hashlib.sha256(canonical(messages).encode()).hexdigest()[:16]
+
+
+def canonical(messages):
+    """Messages as canonical JSON: what a content id and the duplicate check compare."""
+    return json.dumps(messages, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+
+
+def prompts_of(conversation_id, messages, shape):
+    """[(prompt id, messages)] of one record. prompts: the record itself. A conversation: the
+    messages before each assistant turn that follows a user turn, and the whole conversation when
+    it ends with a user turn; one prompt keeps the record's id, several are `{id}@{n}`, n from 1."""
+    if shape == "prompts":
+        return [(conversation_id, messages)]
+    cuts = [i for i in range(1, len(messages)) if messages[i]["role"] == "assistant" and messages[i - 1]["role"] == "user"]
+    if messages[-1]["role"] == "user":
+        cuts.append(len(messages))
+    if len(cuts) == 1:
+        return [(conversation_id, messages[: cuts[0]])]
+    return [(f"{conversation_id}@{n}", messages[:cut]) for n, cut in enumerate(cuts, 1)]

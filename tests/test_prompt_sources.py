@@ -1,0 +1,252 @@
+"""data.sources (eaglenest/data/sources.py, docs/DATA.md): datasets in the shapes people have
+(ShareGPT, OpenAI/UltraChat, Alpaca/Magpie) and the containers they come in (JSONL, JSON, Parquet,
+save_to_disk), written here through pandas, pyarrow and `datasets`, read into prompts, mixed, and
+run through the real read_prompts and split_prompts rules."""
+
+import hashlib
+import json
+import re
+
+import datasets
+import pandas as pd
+import pytest
+
+from conftest import edit_config, new_workdir, planned, snakemake
+from eaglenest.data.generate import split_prompts
+from eaglenest.data.prompts import read_prompts
+from eaglenest.data.sources import read_sources
+from eaglenest.evaluate.summary import prompt_sources_line
+from eaglenest.report.data import prompt_sources_table, write_prompt_sources_table
+from eaglenest.workflow.errors import InputError
+
+SYSTEM = {"role": "system", "content": "Answer in one line."}
+
+
+def content_id(messages):
+    """What docs/DATA.md says a record without an id gets: sha256 of its messages as canonical JSON, 16 hex digits."""
+    text = json.dumps(messages, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+# Two conversations: one with an id, a system prompt and two answered turns; one without an id, a
+# single unanswered user turn (non-ASCII, to check the text survives each container)
+TWO_TURNS = [SYSTEM, {"role": "user", "content": "What is 2 + 2?"}, {"role": "assistant", "content": "4"},
+             {"role": "user", "content": "And 3 + 3?"}, {"role": "assistant", "content": "6"}]
+ONE_USER = [{"role": "user", "content": "Grüß dich: was ist 7 × 6?"}]
+EXPECTED = [
+    {"id": "conv-1@1", "messages": TWO_TURNS[:2]},
+    {"id": "conv-1@2", "messages": TWO_TURNS[:4]},
+    {"id": content_id(ONE_USER), "messages": ONE_USER},
+]
+SHAREGPT_ROLE = {"system": "system", "user": "human", "assistant": "gpt"}
+
+
+def records(shape):
+    """The two conversations as records of `shape` (the second with a null id, as a column of ids holds)."""
+    if shape == "sharegpt":
+        return [{"id": id_, "conversations": [{"from": SHAREGPT_ROLE[m["role"]], "value": m["content"]} for m in msgs]}
+                for id_, msgs in (("conv-1", TWO_TURNS), (None, ONE_USER))]
+    return [{"id": "conv-1", "messages": TWO_TURNS}, {"id": None, "messages": ONE_USER}]
+
+
+def write(frame_records, container, path):
+    """Write records to `path` in `container`, through pandas, pyarrow (to_parquet) or datasets."""
+    frame = pd.DataFrame(frame_records)
+    if container == "jsonl":
+        frame.to_json(path, orient="records", lines=True, force_ascii=False)
+    elif container == "json":
+        frame.to_json(path, orient="records", force_ascii=False)
+    elif container == "parquet":
+        frame.to_parquet(path)
+    else:
+        datasets.Dataset.from_list(frame_records).save_to_disk(str(path))
+    return path
+
+
+def read_back(tmp_path, sources, seed=0):
+    counts = read_sources(sources, tmp_path / "out/prompts.jsonl", tmp_path / "out/sources.json", mix_seed=seed)
+    lines = (tmp_path / "out/prompts.jsonl").read_text(encoding="utf-8").splitlines()
+    return [json.loads(line) for line in lines], counts
+
+
+CONTAINERS = {"jsonl": "data.jsonl", "json": "data.json", "parquet": "data.parquet", "save_to_disk": "saved"}
+
+
+@pytest.mark.parametrize("container", CONTAINERS)
+@pytest.mark.parametrize("shape", ["sharegpt", "messages"])
+def test_each_conversation_shape_in_each_container_gives_one_prompt_per_answered_turn(tmp_path, shape, container):
+    path = write(records(shape), container, tmp_path / CONTAINERS[container])
+    prompts, counts = read_back(tmp_path, [{"path": str(path)}])
+    assert prompts == EXPECTED
+    assert counts["sources"] == [{"path": str(path), "shape": shape, "records": 2, "used": 2, "prompts": 3,
+                                  "dropped": {"duplicate": 0, "nothing to answer": 0, "not sampled": 0}}]
+    # what split_prompts and generation read: eaglenest's own prompts, checked by its own reader
+    assert [p[0] for p in read_prompts(tmp_path / "out/prompts.jsonl")] == [p["id"] for p in EXPECTED]
+
+
+@pytest.mark.parametrize("container", CONTAINERS)
+def test_instruction_records_alpaca_and_magpie_give_one_prompt_each(tmp_path, container):
+    rows = [{"instruction": "Translate to French.", "input": "Good morning", "output": "Bonjour"},
+            {"instruction": "Name a prime above 10.", "input": "", "output": "11"}]
+    path = write(rows, container, tmp_path / CONTAINERS[container])
+    magpie = write([{"uuid": "u1", "instruction": "Say hi.", "response": "Hi!"}], "jsonl", tmp_path / "magpie.jsonl")
+    prompts, counts = read_back(tmp_path, [{"path": str(path)}, {"path": str(magpie)}])
+    first = [{"role": "user", "content": "Translate to French.\n\nGood morning"}]
+    second = [{"role": "user", "content": "Name a prime above 10."}]
+    third = [{"role": "user", "content": "Say hi."}]
+    assert prompts == [{"id": content_id(first + [{"role": "assistant", "content": "Bonjour"}]), "messages": first},
+                       {"id": content_id(second + [{"role": "assistant", "content": "11"}]), "messages": second},
+                       {"id": content_id(third + [{"role": "assistant", "content": "Hi!"}]), "messages": third}]
+    assert [s["shape"] for s in counts["sources"]] == ["instruction", "instruction"]
+
+
+def test_eaglenest_prompts_named_as_such_are_taken_as_they_are(tmp_path):
+    """shape: prompts keeps a multi-turn prompt whole (its earlier answer is not regenerated), as data.prompts does."""
+    prompt = [SYSTEM, {"role": "user", "content": "1?"}, {"role": "assistant", "content": "1"},
+              {"role": "user", "content": "2?"}]
+    path = write([{"id": "p1", "messages": prompt}], "jsonl", tmp_path / "p.jsonl")
+    assert read_back(tmp_path, [{"path": str(path), "shape": "prompts"}])[0] == [{"id": "p1", "messages": prompt}]
+    assert [p["id"] for p in read_back(tmp_path, [{"path": str(path)}])[0]] == ["p1@1", "p1@2"]  # auto: a conversation
+
+
+def numbered(n, start=0):
+    return [{"messages": [{"role": "user", "content": f"question {i}"}, {"role": "assistant", "content": f"answer {i}"}]}
+            for i in range(start, start + n)]
+
+
+def test_a_mixture_by_weight_and_count_is_byte_for_byte_reproducible_and_counts_its_drops(tmp_path):
+    a = write(numbered(40), "parquet", tmp_path / "a.parquet")
+    b = write(numbered(30, 100) + numbered(1, 100), "jsonl", tmp_path / "b.jsonl")  # its last record repeats its first
+    c = write([{"conversations": [{"from": "system", "value": "x"}, {"from": "gpt", "value": "hello"}]}]
+              + [{"conversations": [{"from": "human", "value": f"c {i}"}]} for i in range(10)], "json", tmp_path / "c.json")
+    sources = [{"path": str(a), "weight": 1}, {"path": str(b), "weight": 3}, {"path": str(c), "count": 4}]
+    prompts, counts = read_back(tmp_path, sources, seed=7)
+    first = (tmp_path / "out/prompts.jsonl").read_bytes()
+    # b has 30 distinct records, 3/4 of the weighted mixture: 40 of them in all, 10 from a
+    assert [(s["records"], s["used"], s["prompts"], s["dropped"]) for s in counts["sources"]] == [
+        (40, 10, 10, {"duplicate": 0, "nothing to answer": 0, "not sampled": 30}),
+        (31, 30, 30, {"duplicate": 1, "nothing to answer": 0, "not sampled": 0}),
+        (11, 4, 4, {"duplicate": 0, "nothing to answer": 1, "not sampled": 6})]
+    assert counts["prompts"] == len(prompts) == 44
+    assert json.loads((tmp_path / "out/sources.json").read_text()) == counts
+    read_back(tmp_path, sources, seed=7)
+    assert (tmp_path / "out/prompts.jsonl").read_bytes() == first
+    other_seed = read_back(tmp_path, sources, seed=8)[0]
+    assert {p["id"] for p in other_seed[:10]} != {p["id"] for p in prompts[:10]}  # the seed picks a's records
+
+
+def test_appending_records_changes_a_sampled_source_by_what_they_displace_only(tmp_path):
+    path = tmp_path / "a.jsonl"
+    write(numbered(50), "jsonl", path)
+    before = [p["id"] for p in read_back(tmp_path, [{"path": str(path), "count": 20}])[0]]
+    write(numbered(55), "jsonl", path)  # 5 records appended
+    after = [p["id"] for p in read_back(tmp_path, [{"path": str(path), "count": 20}])[0]]
+    gained = set(after) - set(before)
+    assert len(after) == 20 and len(gained) <= 5
+    assert gained <= {content_id(r["messages"]) for r in numbered(5, 50)}  # only appended records come in
+    every = read_back(tmp_path, [{"path": str(path)}])[0]  # all records: the old prompts, then the new, in order
+    write(numbered(50), "jsonl", path)
+    assert every[:50] == read_back(tmp_path, [{"path": str(path)}])[0]
+
+
+def test_split_prompts_puts_the_prompts_of_the_appended_records_only_in_the_parts_that_gain_them(tmp_path):
+    path = tmp_path / "a.parquet"
+    write(numbered(60), "parquet", path)
+    read_back(tmp_path, [{"path": str(path)}])
+    split_prompts(tmp_path / "out/prompts.jsonl", tmp_path / "before", 8)
+    write(numbered(61), "parquet", path)
+    new_id = read_back(tmp_path, [{"path": str(path)}])[0][-1]["id"]
+    split_prompts(tmp_path / "out/prompts.jsonl", tmp_path / "after", 8)
+    changed = [f.name for f in sorted((tmp_path / "after").glob("*.jsonl"))
+               if f.read_bytes() != (tmp_path / "before" / f.name).read_bytes()]
+    assert len(changed) == 1 and new_id in (tmp_path / "after" / changed[0]).read_text()
+
+
+BAD = {
+    "unknown shape": ([{"text": "hello"}], "no field 'conversations' (ShareGPT), 'messages'", "fields: text"),
+    "a role the template cannot take": (
+        [{"conversations": [{"from": "human", "value": "hi"}, {"from": "tool", "value": "{}"}]}],
+        "field 'conversations[1].from': 'tool' is no role the chat template takes", None),
+    "an empty conversation": ([{"messages": [{"role": "user", "content": "ok"}]}, {"messages": []}],
+                              "field 'messages': empty conversation", None),
+}
+WHERE = {"jsonl": "{path}:{line}", "parquet": "{path}: row {row}", "save_to_disk": "{path}: row {row}",
+         "json": "{path}: record {row}"}
+
+
+@pytest.mark.parametrize("container", CONTAINERS)
+@pytest.mark.parametrize("case", BAD)
+def test_bad_input_names_file_record_and_field_and_writes_nothing(tmp_path, case, container):
+    rows, problem, extra = BAD[case]
+    good = write(numbered(3), "jsonl", tmp_path / "good.jsonl")  # a first source read whole before the bad one
+    bad = write(rows, container, tmp_path / CONTAINERS[container])
+    with pytest.raises(InputError) as error:
+        read_back(tmp_path, [{"path": str(good)}, {"path": str(bad)}])
+    where = WHERE[container].format(path=bad, line=len(rows), row=len(rows) - 1)
+    assert str(error.value).startswith(f"{where}: ") and problem in str(error.value)
+    assert extra is None or extra in str(error.value)
+    assert "\n" not in str(error.value)
+    assert not (tmp_path / "out").exists() or not any((tmp_path / "out").iterdir())
+
+
+def test_the_same_id_with_other_messages_is_refused_naming_both_records(tmp_path):
+    a = write([{"id": "x", "messages": [{"role": "user", "content": "one"}]}], "jsonl", tmp_path / "a.jsonl")
+    b = write([{"id": "x", "messages": [{"role": "user", "content": "two"}]}], "parquet", tmp_path / "b.parquet")
+    with pytest.raises(InputError, match=rf"^{b}: row 0: field 'id': 'x' again, with other messages than at {a}:1$"):
+        read_back(tmp_path, [{"path": str(a)}, {"path": str(b)}])
+
+
+def test_a_count_above_what_a_source_has_and_a_dataset_dict_are_refused_clearly(tmp_path):
+    a = write(numbered(3), "jsonl", tmp_path / "a.jsonl")
+    with pytest.raises(InputError, match=r"^config: data.sources\[0\].count: 5 records asked of .*a.jsonl, which gives 3$"):
+        read_back(tmp_path, [{"path": str(a), "count": 5}])
+    datasets.DatasetDict({"train": datasets.Dataset.from_list(numbered(2))}).save_to_disk(str(tmp_path / "dd"))
+    with pytest.raises(InputError, match=r"a DatasetDict \(splits train\): give one split's folder, e.g. .*dd/train$"):
+        read_back(tmp_path, [{"path": str(tmp_path / "dd")}])
+
+
+def test_a_sharegpt_jsonl_and_an_ultrachat_parquet_mixed_by_weight_run_through_split_prompts(tmp_path):
+    """The issue's "done when": no converter, the real read_prompts and split_prompts rules."""
+    workdir = new_workdir(tmp_path)
+    sharegpt = [{"id": f"sg-{i}", "conversations": [{"from": "human", "value": f"Tell me about {i}."},
+                                                     {"from": "gpt", "value": "Sure."},
+                                                     {"from": "human", "value": "More?"}]} for i in range(20)]
+    ultrachat = [{"prompt": f"Explain {i}.", "prompt_id": f"{i:064x}",
+                  "messages": [{"role": "user", "content": f"Explain {i}."}, {"role": "assistant", "content": "Ok."}]}
+                 for i in range(30)]
+    write(sharegpt, "jsonl", workdir / "sharegpt.jsonl")
+    pd.DataFrame(ultrachat).to_parquet(workdir / "ultrachat.parquet")
+    edit_config(workdir, {"data": {"prompts": None, "mix_seed": 3, "sources": [
+        {"path": "sharegpt.jsonl", "weight": 1}, {"path": "ultrachat.parquet", "weight": 1}]}})
+    assert {"read_prompts", "split_prompts"} <= planned(workdir).keys()
+    snakemake(workdir, "split_prompts")
+    prompts = [json.loads(line) for line in (workdir / "results/prompts/prompts.jsonl").read_text().splitlines()]
+    counts = json.loads((workdir / "results/prompts/sources.json").read_text())
+    # 20 ShareGPT conversations of two prompts each, and as many of UltraChat's 30 records (weights 1:1)
+    assert [(s["shape"], s["used"], s["prompts"]) for s in counts["sources"]] == [("sharegpt", 20, 40), ("messages", 20, 20)]
+    assert [p["id"] for p in prompts[:2]] == ["sg-0@1", "sg-0@2"]
+    assert prompts[1]["messages"][-1] == {"role": "user", "content": "More?"}
+    parts = sorted((workdir / "results/responses/prompts").glob("part_*.jsonl"))
+    assert len(parts) == 4
+    assert sorted(line for part in parts for line in part.read_text().splitlines()) == sorted(
+        (workdir / "results/prompts/prompts.jsonl").read_text().splitlines())
+    # what the summary and the report say of it
+    line = prompt_sources_line(workdir / "results/prompts/sources.json")
+    assert line == ("- prompts: 60 from 2 sources (mix_seed 3): sharegpt.jsonl (sharegpt): 40 prompts from 20 of 20 "
+                    "records (dropped: none); ultrachat.parquet (messages): 20 prompts from 20 of 30 records "
+                    "(dropped: 10 not sampled)")
+    table = prompt_sources_table(workdir / "results/prompts/sources.json")
+    assert table[["source", "records", "used", "dropped: not sampled", "prompts"]].values.tolist() == [
+        ["sharegpt.jsonl", "20", "20", "0", "40"], ["ultrachat.parquet", "30", "20", "10", "20"]]
+    write_prompt_sources_table(workdir / "results/prompts/sources.json", tmp_path / "table.html")
+    page = " ".join(re.sub(r"<[^>]+>", " ", (tmp_path / "table.html").read_text()).split())
+    assert "60 prompts in all." in page and "ultrachat.parquet messages 30 20 0 10 0 20" in page
+
+
+def test_data_prompts_and_data_sources_are_one_or_the_other(tmp_path):
+    workdir = new_workdir(tmp_path)
+    edit_config(workdir, {"data": {"sources": [{"path": "resources/demo/prompts.jsonl", "shape": "prompts"}]}})
+    result = snakemake(workdir, "-n", check=False)
+    assert result.returncode != 0 and "config: data.prompts, data.sources: give one of them" in result.stdout + result.stderr
+    (tmp_path / "plain").mkdir()
+    assert "read_prompts" not in planned(new_workdir(tmp_path / "plain"))  # data.prompts: no reading stage
