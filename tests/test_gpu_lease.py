@@ -9,7 +9,7 @@ import sys
 import pytest
 
 from conftest import REPO
-from eaglenest.workflow.gpu_lease import gpu_ids, gpu_lease
+from eaglenest.workflow.gpu_lease import gpu_ids, gpu_lease, listed_devices
 from eaglenest.workflow.stage import run_stage
 
 IDS = "0,1,2,3,4,5,6,7"
@@ -124,6 +124,55 @@ def test_device_ids_come_from_the_environment(tmp_path):
     with pytest.raises(ValueError, match="needs 4 GPUs but this machine leases out 2: 0,1"):
         with gpu_lease(4, environ=environ):
             pass
+
+
+LISTINGS = REPO / "tests" / "nvidia_smi"  # real `nvidia-smi -L` output; its README says from where
+
+
+def mig_uuids(listing):
+    """The MIG UUIDs of a listing file, in order, read without the parser."""
+    return [line.split("(UUID: ")[1].rstrip(")") for line in (LISTINGS / listing).read_text().splitlines()
+            if line.startswith("  MIG ")]
+
+
+def test_nvidia_smi_listings_of_real_machines_give_one_device_per_gpu_or_per_mig_device():
+    """A whole GPU is leased by its index; a GPU split by MIG as each of its MIG devices, by UUID,
+    as CUDA_VISIBLE_DEVICES takes them (CUDA runs on MIG devices, not on the GPU they split)."""
+    read = lambda name: listed_devices((LISTINGS / name).read_text())  # noqa: E731
+    assert read("rtx_pro_6000_x8.txt") == ["0", "1", "2", "3", "4", "5", "6", "7"]
+    blackwell_mig = read("rtx_pro_6000_x8_mig.txt")  # 8 cards, four 1g.24gb devices each
+    assert blackwell_mig == mig_uuids("rtx_pro_6000_x8_mig.txt") and len(set(blackwell_mig)) == 32
+    assert blackwell_mig[:2] == ["MIG-445da789-865d-5fd1-b2b6-32a48bf66c39", "MIG-e78fd5d2-f2de-5632-8961-9a368cec8080"]
+    assert read("a100_x4_mig_on_gpu0.txt") == mig_uuids("a100_x4_mig_on_gpu0.txt") + ["1", "2", "3"]
+    assert read("a100_mig_x7.txt") == mig_uuids("a100_mig_x7.txt") and len(read("a100_mig_x7.txt")) == 7
+
+
+def nvidia_smi(folder, listing, returncode=0):
+    """An `nvidia-smi` executable in `folder` that prints `listing` (a file of LISTINGS) and exits."""
+    script = folder / "nvidia-smi"
+    script.write_text(f"#!/bin/sh\ncat '{LISTINGS / listing}'\nexit {returncode}\n")
+    script.chmod(0o755)
+
+
+def test_without_settings_a_lease_takes_the_devices_nvidia_smi_lists(tmp_path):
+    """gpu_ids runs `nvidia-smi -L` from the job's PATH: on a machine whose GPU 0 is split by MIG,
+    a job of two leases two of its MIG devices, the next job of three the other two and GPU 1; a
+    failing nvidia-smi (no driver) means no GPUs."""
+    nvidia_smi(tmp_path, "a100_x4_mig_on_gpu0.txt")
+    path = f"{tmp_path}{os.pathsep}{os.environ['PATH']}"  # ahead of a real one
+
+    def job():
+        return {"PATH": path, "EAGLENEST_GPU_LOCK_DIR": str(tmp_path / "locks")}
+
+    migs = mig_uuids("a100_x4_mig_on_gpu0.txt")
+    assert gpu_ids(job()) == [*migs, "1", "2", "3"]
+    environ = job()
+    with gpu_lease(2, environ=environ) as ids:
+        assert ids == migs[:2] and environ["CUDA_VISIBLE_DEVICES"] == f"{migs[0]},{migs[1]}"
+        with gpu_lease(3, environ=job()) as more:
+            assert more == [*migs[2:], "1"]
+    nvidia_smi(tmp_path, "rtx_pro_6000_x8.txt", returncode=9)
+    assert gpu_ids(job()) == []
 
 
 def test_run_stage_runs_the_stage_on_its_leased_devices(tmp_path, monkeypatch):
