@@ -129,10 +129,12 @@ STEPS = 12
 
 
 def train(data, name, **kwargs):
+    """train_drafter on `data` into root/name (log root/name.tsv), kwargs over these settings."""
     root, shards = data
+    settings = dict(seed=0, ttt_steps=3, max_steps=STEPS, lr=3e-3, warmup=2, heldout_fraction=HELDOUT, log_every=4,
+                    device="cpu", **BUDGETS)
     train_drafter(shards, root / "manifest.json", root / "d2t.pt", root / "t2d.pt", root / "target", root / name,
-                  root / f"{name}.tsv", seed=0, ttt_steps=3, max_steps=STEPS, lr=3e-3, warmup=2,
-                  heldout_fraction=HELDOUT, log_every=4, device="cpu", **BUDGETS, **kwargs)
+                  root / f"{name}.tsv", **settings | kwargs)
     return root / name
 
 
@@ -141,7 +143,7 @@ def one_process(data):
     return train(data, "one")
 
 
-def assert_same_training(out, reference, atol, loss_atol=1e-3):
+def assert_same_training(out, reference, atol):
     _, weights = read_checkpoint(out)
     _, expected = read_checkpoint(reference)
     for name, tensor in expected.items():
@@ -150,7 +152,7 @@ def assert_same_training(out, reference, atol, loss_atol=1e-3):
         rows, expected_rows = list(csv.DictReader(f, delimiter="\t")), list(csv.DictReader(g, delimiter="\t"))
     assert [r["tokens"] for r in rows] == [r["tokens"] for r in expected_rows]
     for row, expected_row in zip(rows, expected_rows):
-        assert float(row["loss"]) == pytest.approx(float(expected_row["loss"]), abs=loss_atol)
+        assert float(row["loss"]) == pytest.approx(float(expected_row["loss"]), abs=1e-3)
 
 
 @pytest.mark.parametrize("alignment", ["predicted", "input"])
@@ -193,8 +195,31 @@ def test_loader_workers_and_activation_checkpointing_change_nothing(data, one_pr
     assert_same_training(out, one_process, atol=1e-6)
 
 
-def test_bf16_autocast_runs_on_cpu_and_stays_close(data, one_process):
-    assert_same_training(train(data, "bf16", bf16=True), one_process, atol=5e-2, loss_atol=2e-2)
+def distance(out, reference):
+    """The L2 norm of the difference of two checkpoints' weights, all tensors as one vector."""
+    _, weights = read_checkpoint(out)
+    _, expected = read_checkpoint(reference)
+    return torch.cat([(weights[name].double() - tensor.double()).flatten() for name, tensor in expected.items()]).norm()
+
+
+def losses(out):
+    with open(f"{out}.tsv") as f:
+        return [float(row["loss"]) for row in csv.DictReader(f, delimiter="\t")]
+
+
+def test_bf16_autocast_runs_on_cpu_and_trains_as_float32_does(data, one_process):
+    """bf16 autocast trains: its weights end near float32's compared with how far float32's
+    moved from the initial ones, and its loss falls as float32's does. Measured (12 steps): float32
+    moved 2.121 from the initial weights, bf16 2.121, and bf16 ended 0.076 from float32 (0.036 of
+    float32's move; largest weight difference 0.0095, float32's largest move 0.020); the logged loss
+    fell 0.0356 in float32 and 0.0357 in bf16. A bf16 run that does not train (lr 1e-9) ends 2.121
+    (1.0 of the move) from float32 and its loss does not fall. Bounds: 0.25 of the move (7x the
+    measured 0.036; it also means bf16 moved at least 0.75 of float32's way) and half the fall."""
+    initial = train(data, "initial", max_steps=0)
+    bf16 = train(data, "bf16", bf16=True)
+    assert distance(bf16, one_process) < 0.25 * distance(one_process, initial)
+    fell, fell_in_float32 = losses(bf16)[0] - losses(bf16)[-1], losses(one_process)[0] - losses(one_process)[-1]
+    assert fell > 0.5 * fell_in_float32 > 0, (losses(bf16), losses(one_process))
 
 
 def test_offline_figures_do_not_depend_on_the_token_budget(data, one_process):

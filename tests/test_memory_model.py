@@ -34,7 +34,11 @@ spec.loader.exec_module(bench)
 TINY = DrafterConfig(target_vocab_size=200, draft_vocab_size=96, hidden_size=48, target_hidden_size=40,
                      intermediate_size=160, num_attention_heads=4, num_key_value_heads=2, head_dim=24,
                      aux_layer_ids=[1, 2, 3])
-TOLERANCE = 0.20
+# docs/MEMORY.md: every size within 2.3% of its measurement. Measured (issue 46, 5 fresh processes per
+# size of bench.TEST_SIZES, 2-core machine): ratios 1.0002-1.0009, 1.0060-1.0067, 0.9991-0.9994,
+# 1.0212-1.0220, 1.0003-1.0015, 0.9990-0.9995; the largest miss 2.20%, a size's spread at most 0.12%.
+# The bound: the doc's 2.3% plus twice that noise.
+TOLERANCE = 0.025
 # The recipe's options that change what training holds: the norm flags (the geometry) and a frozen lm_head
 NORMED = dataclasses.replace(TINY, norm_before_fc=True, norm_output=True)
 RECIPES = {"plain": (TINY, True), "norms": (NORMED, True), "norms, frozen lm_head": (NORMED, False)}
@@ -102,7 +106,7 @@ def test_retained_activations_are_what_autograd_saves(checkpointing, autocast, c
 
 
 @pytest.mark.parametrize("size", bench.TEST_SIZES, ids=lambda s: "-".join(f"{k}{v}" for k, v in s.items()))
-def test_peak_of_a_training_step_is_within_20_percent_of_the_measured(size):
+def test_peak_of_a_training_step_is_within_2_5_percent_of_the_measured(size):
     measured = bench.run_measure(size)["bytes"]
     modelled, moment = bench.modelled_step(size)
     assert abs(measured / modelled - 1) <= TOLERANCE, (measured, modelled, moment)

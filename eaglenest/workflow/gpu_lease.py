@@ -8,7 +8,9 @@ kernel drops a flock when its holder dies, however it dies, so a killed job free
 
 Settings, from the environment (the machine's facts, not the workflow's):
 - EAGLENEST_GPU_IDS: the devices to lease, e.g. "0,1,2,3,4,5,6,7". Unset: those in
-  CUDA_VISIBLE_DEVICES, else those `nvidia-smi -L` lists, else none (no lease: CPU machine).
+  CUDA_VISIBLE_DEVICES, else those `nvidia-smi -L` lists (a GPU by its index; a GPU split by MIG
+  as its MIG devices, by UUID: CUDA runs on those, not on their GPU), else none (no lease: CPU
+  machine).
   Under SLURM or Kubernetes the scheduler already gave the job its own devices: no lease there
   unless EAGLENEST_GPU_IDS asks for one.
 - EAGLENEST_GPU_LOCK_DIR: where the lock files live; default /tmp/eaglenest-gpu-locks, shared by
@@ -21,6 +23,7 @@ import contextlib
 import fcntl
 import logging
 import os
+import re
 import shutil
 import subprocess
 import time
@@ -29,6 +32,8 @@ from pathlib import Path
 log = logging.getLogger(__name__)
 
 DEFAULT_LOCK_DIR = "/tmp/eaglenest-gpu-locks"
+GPU_LINE = re.compile(r"GPU (\d+): ")  # GPU 0: NVIDIA RTX PRO 6000 Blackwell Server Edition (UUID: GPU-...)
+MIG_LINE = re.compile(r"MIG .*\(UUID: (MIG-[^)\s]+)\)")  # under it, indented: MIG 1g.24gb  Device  0: (UUID: MIG-...)
 SCHEDULER_VARIABLES = ("SLURM_JOB_ID", "KUBERNETES_SERVICE_HOST")  # they assign devices themselves
 
 
@@ -40,11 +45,23 @@ def gpu_ids(environ=os.environ):
         return []
     if environ.get("CUDA_VISIBLE_DEVICES") is not None:
         return split_ids(environ["CUDA_VISIBLE_DEVICES"])
-    if shutil.which("nvidia-smi") is None:
+    if (nvidia_smi := shutil.which("nvidia-smi", path=environ.get("PATH"))) is None:
         return []
-    listing = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True)
-    count = sum(line.startswith("GPU ") for line in listing.stdout.splitlines())
-    return [str(i) for i in range(count)] if listing.returncode == 0 else []
+    listing = subprocess.run([nvidia_smi, "-L"], capture_output=True, text=True)
+    return listed_devices(listing.stdout) if listing.returncode == 0 else []
+
+
+def listed_devices(listing):
+    """The devices of an `nvidia-smi -L` listing as CUDA_VISIBLE_DEVICES names them: each GPU's
+    index, or, for a GPU with MIG devices listed under it, their UUIDs (MIG-...), each one a device
+    of its own (tests/nvidia_smi/ holds real listings)."""
+    gpus = []  # [index, [MIG UUIDs]] in the listing's order
+    for line in map(str.strip, listing.splitlines()):
+        if gpu := GPU_LINE.match(line):
+            gpus.append((gpu[1], []))
+        elif (mig := MIG_LINE.match(line)) and gpus:
+            gpus[-1][1].append(mig[1])
+    return [device for index, migs in gpus for device in migs or [index]]
 
 
 def split_ids(text):
@@ -56,7 +73,7 @@ def try_lock(lock_dir, ids, count):
     """Exclusive flocks on `count` of `ids` (open files), or None and nothing held."""
     held = []
     for i in ids:
-        lock = open(Path(lock_dir) / f"gpu{i}.lock", "a")
+        lock = open(Path(lock_dir) / f"gpu{i.replace('/', '_')}.lock", "a")  # drivers before R470: MIG-GPU-.../1/0
         try:
             fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
