@@ -193,6 +193,7 @@ def test_a_bad_suite_file_fails_its_prompts_with_file_line_field(workdir):
         ({"eval": {"draft_sample_methods": ["probabilistic"]}},
          r"config: eval\.draft_sample_methods: temperature 0 \(in eval\.temperatures\) is drafted greedily by every "
          r"method: include greedy"),
+        ({"tracking": {"wandb": {"mode": "cloud"}}}, r"config: tracking\.wandb\.mode: 'cloud' is not one of \['online', 'offline'\]"),
     ],
 )
 def test_config_errors_name_the_key(tmp_path, update, message):
