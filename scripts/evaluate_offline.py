@@ -15,4 +15,5 @@ run_stage(
     device=snakemake.config["train"]["device"],  # the drafter runs where it trained
     max_tokens_per_batch=snakemake.config["eval"]["max_tokens_per_batch"],  # speed only: not a param
     gpus=snakemake.resources.gpu,
+    tracking=snakemake.config.get("tracking", {}),  # observability only: not a param (docs/REBUILDING.md)
 )

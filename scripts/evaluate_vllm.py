@@ -20,4 +20,5 @@ run_stage(
     agreement_standard_errors=snakemake.params.agreement_standard_errors,
     device=snakemake.config["train"]["device"],  # the drafter runs where it trained
     gpus=snakemake.resources.gpu,
+    tracking=snakemake.config.get("tracking", {}),  # observability only: not a param (docs/REBUILDING.md)
 )

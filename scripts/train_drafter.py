@@ -19,4 +19,5 @@ run_stage(
     nnodes=snakemake.resources.get("nodes", 1),  # multi-node (SLURM profile): the job's nodes and the
     launcher=snakemake.resources.get("mpi", ""),  # command that starts torchrun on each of them
     gpus=snakemake.resources.gpu,
+    tracking=snakemake.config.get("tracking", {}),  # observability only: not a param (docs/REBUILDING.md)
 )

@@ -1,6 +1,7 @@
 """Shared fixtures: a real demo target, and real Snakemake runs of a copy of this workflow."""
 
 import contextlib
+import csv
 import fcntl
 import os
 import re
@@ -290,3 +291,37 @@ def write_training_data(root, samples, split, *, dtype, vocab_size, draft_vocab_
     save_torch(root / "d2t.pt", d2t)
     save_torch(root / "t2d.pt", t2d)
     return shards
+
+
+def tensorboard_scalars(run_dir):
+    """{tag: [(step, value)]} of a TensorBoard run folder, read by TensorBoard's own reader, every
+    point kept (steps a rerun purged are dropped, as TensorBoard shows them)."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(run_dir), size_guidance={"scalars": 0})
+    events.Reload()
+    return {tag: [(event.step, event.value) for event in events.Scalars(tag)] for tag in events.Tags()["scalars"]}
+
+
+def assert_tracked_as_logged(scalars, log_path, prefix="train/"):
+    """A tracker's training scalars {tag: [(step, value)]} hold one point per optimizer step, from
+    1 to the last, of every train_log.tsv column that is a per-step figure and of lr and tokens/s;
+    each log row is the mean of its steps' points (lr, tokens/s: its step's). Equal to the TSV's 6
+    significant digits (TensorBoard stores float32, more precise than that): rel 1e-5, abs 1e-6."""
+    with open(log_path) as f:
+        rows = list(csv.DictReader(f, delimiter="\t"))
+    last = int(rows[-1]["step"])
+    assert {tag: [step for step, _ in points] for tag, points in scalars.items()} \
+        == {tag: list(range(1, last + 1)) for tag in scalars}
+    by_step = {tag.removeprefix(prefix): dict(points) for tag, points in scalars.items()}
+    measured = set(rows[0]) - {"step", "epoch", "lr", "tokens", "elapsed_s"}
+    assert set(by_step) == measured | {"lr", "tokens_per_s"}
+    first = 1
+    for row in rows:
+        step = int(row["step"])
+        for column in measured:
+            mean = sum(by_step[column][s] for s in range(first, step + 1)) / (step + 1 - first)
+            assert mean == pytest.approx(float(row[column]), rel=1e-5, abs=1e-6), (column, step)
+        assert by_step["lr"][step] == pytest.approx(float(row["lr"]), rel=1e-5, abs=1e-6)
+        assert by_step["tokens_per_s"][step] == pytest.approx(int(row["tokens"]) / float(row["elapsed_s"]), rel=1e-5)
+        first = step + 1

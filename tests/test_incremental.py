@@ -144,6 +144,8 @@ def test_config_changes_plan_exactly_their_stages(workdir, update, reruns, shard
         ({"train": {"num_workers": 2, "pin_memory": True}}, set()),
         ({"train": {"activation_checkpointing": True, "bf16": True}}, PLAN),  # its training memory
         ({"eval": {"max_tokens_per_batch": 64}}, set()),
+        ({"tracking": {"tensorboard": False, "wandb": {"enabled": True, "mode": "offline"},  # observability only
+                       "mlflow": {"enabled": True, "tracking_uri": "http://127.0.0.1:9"}}}, set()),
     ],
     ids=lambda update: ",".join(f"{section}.{key}" for section, keys in update.items() for key in keys)
     if isinstance(update, dict) else "",

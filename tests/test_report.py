@@ -139,7 +139,7 @@ def write_train_log(path, *, heldout=False):
     columns measured every 20 steps."""
     columns = log_columns(3)
     rows = [[step, (step - 1) // 50, 1e-3, 3.0 - step / 100, *[2.0 - step / 100 + k / 10 for k in range(3)],
-             *[0.3 + step / 200 - k / 20 for k in range(3)], *[0.5 + step / 250 - k / 20 for k in range(3)], 200 * step,
+             *[0.3 + step / 200 - k / 20 for k in range(3)], *[0.5 + step / 250 - k / 20 for k in range(3)], 0.4, 200 * step,
              step / 10.0] for step in range(10, 101, 10)]
     if heldout:
         columns = columns + ["heldout_loss_0", "heldout_acc_0"]

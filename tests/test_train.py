@@ -16,7 +16,7 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from conftest import saved_storages, write_training_data
+from conftest import assert_tracked_as_logged, saved_storages, tensorboard_scalars, write_training_data
 from eaglenest.workflow.atomic import save_torch
 from eaglenest.drafter.model import Drafter
 from eaglenest.evaluate.offline import evaluate_offline
@@ -484,10 +484,13 @@ JOB = ("import json, sys; from eaglenest.workflow.stage import run_stage; from e
 WALL_CLOCK = ("elapsed_s",)
 
 
-def train_job(root, shards, name, **kwargs):
+def train_job(root, shards, name, out=None, **kwargs):
     """The command that trains `name` on the SMALL settings as the rule's script does (JOB),
-    logging to root/name.log, and its environment."""
+    logging to root/name.log, and its environment; its drafter and log in `out` (default root),
+    with the TensorBoard run beside them when `tracking` is given."""
     args, kwargs = train_args(root, shards, name, **SMALL, **kwargs)
+    if out is not None:
+        args[5:7] = [out / name, out / f"{name}.tsv"]
     (root / f"{name}.json").write_text(json.dumps([args, kwargs], default=str))
     return [sys.executable, "-c", JOB, root / f"{name}.json", root / f"{name}.log"], dict(os.environ, PYTHONPATH=str(REPO))
 
@@ -550,10 +553,12 @@ def test_killed_training_resumes_and_ends_as_if_never_interrupted(data, uninterr
     """SIGKILL of the whole job mid-run (with 2 processes: the job, torchrun and the DDP
     workers), then a rerun with the same arguments: it resumes from the last checkpoint and
     ends with the weights and log of the run that was never interrupted, bit for bit
-    (docs/TRAINING.md: on CPU bit-identical)."""
+    (docs/TRAINING.md: on CPU bit-identical). Its TensorBoard run, written by rank 0 alone (an
+    event file per job), shows each optimizer step once, the log's."""
     root, shards = data
     name = f"resumed_{num_processes}"
-    job, env = train_job(root, shards, name, resume_dir=tmp_path / "resume", checkpoint_every=3, num_processes=num_processes)
+    job, env = train_job(root, shards, name, out=tmp_path, resume_dir=tmp_path / "resume", checkpoint_every=3,
+                         num_processes=num_processes, tracking={})
     checkpoint = tmp_path / "resume" / "checkpoint.pt"
 
     running = subprocess.Popen(job, env=env, start_new_session=True)
@@ -569,12 +574,15 @@ def test_killed_training_resumes_and_ends_as_if_never_interrupted(data, uninterr
     assert not any(alive(pid) for pid in processes), "a killed job left processes running"
     killed_at = torch.load(checkpoint)["step"]
     assert 15 <= killed_at < STEPS
-    assert not (root / name).exists() and not (root / f"{name}.tsv").exists()
+    assert not (tmp_path / name).exists() and not (tmp_path / f"{name}.tsv").exists()
 
     subprocess.run(job, env=env, check=True)
     assert f"resuming from step {killed_at}/{STEPS}" in (root / f"{name}.log").read_text()
     assert not (tmp_path / "resume").exists()
-    assert_trained_as(root / name, uninterrupted[num_processes])
+    assert_trained_as(tmp_path / name, uninterrupted[num_processes])
+    events = tmp_path / "tensorboard" / "train_drafter"
+    assert len(list(events.glob("events.out.tfevents.*"))) == 2
+    assert_tracked_as_logged(tensorboard_scalars(events), tmp_path / f"{name}.tsv")
 
 
 # Max abs weight difference of DDP on 2 processes from one process (weights are of order 0.1-1): the
@@ -598,7 +606,7 @@ def test_ddp_on_two_processes_trains_as_one_process_on_the_global_batch(data, un
 
 def test_the_run_key_is_what_training_computes_from(data, tmp_path):
     """The run key changes with a setting or a file's content, not with a file's path, where
-    outputs go, the device or the number of processes: a checkpoint stays valid exactly as long
+    outputs go, the device, the number of processes or the trackers: a checkpoint stays valid exactly as long
     as the run it came from would compute the same."""
     root, shards = data
     names = ["shard_paths", "manifest_path", "d2t_path", "t2d_path", "target_dir", "out_dir", "log_path"]
@@ -610,7 +618,8 @@ def test_the_run_key_is_what_training_computes_from(data, tmp_path):
     save_torch(tmp_path / "same.pt", torch.load(root / "d2t.pt"))
     for name, tensor in zip(("d2t.pt", "t2d.pt"), draft_maps(torch.arange(N), V)):  # another vocab
         save_torch(tmp_path / name, tensor)
-    assert key() == key("b", d2t=tmp_path / "same.pt", device="cpu", num_processes=2, checkpoint_every=7)
+    assert key() == key("b", d2t=tmp_path / "same.pt", device="cpu", num_processes=2, checkpoint_every=7,
+                        tracking={"wandb": {"enabled": True}})
     other_vocab = key(d2t=tmp_path / "d2t.pt", t2d=tmp_path / "t2d.pt")
     keys = {key(), key(seed=1), key(lr=1e-3), other_vocab, key(temperature=0.7), key(tv_weight=1.0)}
     assert len(keys) == 6

@@ -9,7 +9,8 @@ import sys
 import pytest
 import yaml
 
-from conftest import FAST_PROMPTS, REPO, edit_config, mtimes, new_workdir, planned, snakemake
+from conftest import (FAST_PROMPTS, REPO, assert_tracked_as_logged, edit_config, mtimes, new_workdir, planned, snakemake,
+                      tensorboard_scalars)
 from eaglenest.data.generate import answers
 from eaglenest.workflow.config import generation_temperatures, validate_config
 from eaglenest.workflow.serving import draft_sample_methods, drafter_engines, fitted_temperature, method_temperatures
@@ -55,6 +56,32 @@ def test_story1_one_run_builds_every_artifact_then_nothing_is_stale(built, tmp_p
         == {f"{method}/K{k}.log" for method in ("greedy", "probabilistic") for k in (1, 3)}
     shutil.copytree(built, tmp_path / "built", symlinks=True)  # a copy: nothing runs Snakemake in `built` (conftest)
     assert planned(tmp_path / "built") == {}
+
+
+def test_the_demo_leaves_tensorboard_runs_of_its_training_and_evaluations(built):
+    """What `tensorboard --logdir results/` shows (README): training's run, one point per optimizer
+    step of each figure of train_log.tsv (whose rows are their means), lr and tokens/s; the
+    evaluations' runs, the acceptance at each position k (as step k) and the mean acceptance
+    length (step 0) of every run in offline_metrics.json and vllm_metrics.json."""
+    results = built / "results"
+    assert_tracked_as_logged(tensorboard_scalars(results / "train/tensorboard/train_drafter"),
+                             results / "train/train_log.tsv")
+
+    def expected(prefix, fields):
+        rates = fields["acceptance_rate_per_position"]
+        return {f"{prefix}/acceptance": [(k, pytest.approx(rate)) for k, rate in enumerate(rates, 1)],
+                f"{prefix}/mean_acceptance_length": [(0, pytest.approx(fields["mean_acceptance_length"]))]}
+
+    offline = json.loads((results / "eval/offline_metrics.json").read_text())
+    prefix = f"offline/heldout/K{offline['num_speculative_tokens']}"
+    assert tensorboard_scalars(results / "eval/tensorboard/evaluate_offline") == \
+        expected(f"{prefix}/every_anchor", offline) | expected(f"{prefix}/served", offline["served"])
+    runs = json.loads((results / "eval/vllm_metrics.json").read_text())["runs"]
+    tags = {}
+    for run in runs:
+        tags |= expected(f"vllm/{run['suite']}/T{run['temperature']:g}/{run['draft_sample_method']}"
+                         f"/K{run['num_speculative_tokens']}/c{run['concurrency']}", run)
+    assert len(tags) == 2 * len(runs) and tensorboard_scalars(results / "eval/tensorboard/evaluate_vllm") == tags
 
 
 def test_story2_a_fix_in_tokenization_code_rebuilds_tokenize_and_keeps_unchanged_shards(workdir):
@@ -166,6 +193,7 @@ def test_a_bad_suite_file_fails_its_prompts_with_file_line_field(workdir):
         ({"eval": {"draft_sample_methods": ["probabilistic"]}},
          r"config: eval\.draft_sample_methods: temperature 0 \(in eval\.temperatures\) is drafted greedily by every "
          r"method: include greedy"),
+        ({"tracking": {"wandb": {"mode": "cloud"}}}, r"config: tracking\.wandb\.mode: 'cloud' is not one of \['online', 'offline'\]"),
     ],
 )
 def test_config_errors_name_the_key(tmp_path, update, message):

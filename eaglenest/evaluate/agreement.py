@@ -46,6 +46,7 @@ from eaglenest.workflow.device import torch_device
 from eaglenest.workflow.serving import DRAFT_SAMPLE_METHODS
 from eaglenest.workflow.errors import InputError
 from eaglenest.workflow.progress import ProgressLines
+from eaglenest.workflow.tracking import log_acceptance, open_trackers
 
 log = logging.getLogger(__name__)
 
@@ -213,14 +214,16 @@ def estimates_by_run(states, texts, speculative, drafter, aux_layer_ids, Ks, *, 
 
 def evaluate_vllm(baseline_path, outputs_path, speculative_paths, states_dir, target_dir, drafter_dir,
                   trained_config_path, manifest_path, d2t_path, t2d_path, metrics_path, *, agreement_tolerance,
-                  agreement_standard_errors, device=None):
+                  agreement_standard_errors, device=None, tracking=None):
     """The evaluate_vllm stage: vllm_metrics.json (docs/CONTRACTS.md) from the baseline's runs and
     continuations, each (draft method, K) engine's runs (`speculative_paths`) and the target's
     states of the reference texts (`states_dir`, rule agreement_states), with the drafter built as
     trained on `device`. Fails, naming the misreadings that reproduce vLLM's numbers, when any
     run's acceptance is off its method's offline estimate by more than its tolerance. Each run also
     gets its method's ceiling on its text (offline_estimates' oracle) and its share of it. Of the
-    target only the embedding, final norm and lm_head are read."""
+    target only the embedding, final norm and lm_head are read. `tracking`: the config's tracking
+    section (None: none), whose trackers get each run's acceptance per position, as run
+    evaluate_vllm (TensorBoard: tensorboard/evaluate_vllm beside metrics_path)."""
     device = torch_device(device)
     baseline = json.loads(Path(baseline_path).read_text())
     speculative = sorted((json.loads(Path(p).read_text()) for p in speculative_paths),
@@ -285,4 +288,12 @@ def evaluate_vllm(baseline_path, outputs_path, speculative_paths, states_dir, ta
         "recommended": recommend(runs),
     }
     write_json(metrics_path, metrics)
+    with open_trackers(tracking, Path(metrics_path).parent, "evaluate_vllm") as trackers:
+        log_acceptance(trackers, {run_tag(run): run for run in runs})
     return metrics
+
+
+def run_tag(run):
+    """A vllm_metrics.json run's name for the trackers: vllm/{suite}/T{temperature}/{method}/K{K}/c{concurrency}."""
+    return (f"vllm/{run['suite']}/T{run['temperature']:g}/{run['draft_sample_method']}/K{run['num_speculative_tokens']}"
+            f"/c{run['concurrency']}")

@@ -6,6 +6,7 @@ target's greedy output; for sampled data it estimates acceptance against those s
 """
 
 import logging
+from pathlib import Path
 
 from eaglenest.data.samples import is_heldout
 from eaglenest.drafter.load import load_drafter
@@ -17,6 +18,7 @@ from eaglenest.states.shards import ShardSamples, check_shards, collate, dequant
 from eaglenest.workflow.atomic import write_json
 from eaglenest.workflow.device import torch_device
 from eaglenest.workflow.progress import ProgressLines
+from eaglenest.workflow.tracking import log_acceptance, open_trackers
 
 log = logging.getLogger(__name__)
 
@@ -32,6 +34,7 @@ def evaluate_offline(
     num_speculative_tokens,
     max_tokens_per_batch=4096,
     device=None,
+    tracking=None,
 ):
     """Write the acceptance of `drafter_dir` on the held-out samples as JSON; return it.
 
@@ -48,6 +51,10 @@ def evaluate_offline(
 
     The samples go through in batches of similar length within `max_tokens_per_batch` padded
     tokens (speed only: each sample's drafts are its own, so the figures do not change).
+
+    `tracking`: the config's tracking section (None: none; eaglenest.workflow.tracking), whose
+    trackers get the acceptance per position, every anchor's and served, as run evaluate_offline
+    (TensorBoard: tensorboard/evaluate_offline beside out_path).
     """
     device = torch_device(device)
     manifest = read_manifest(manifest_path)
@@ -91,4 +98,6 @@ def evaluate_offline(
     }
     log.info("offline acceptance: %s", result)
     write_json(out_path, result)
+    with open_trackers(tracking, Path(out_path).parent, "evaluate_offline") as trackers:
+        log_acceptance(trackers, {f"offline/heldout/K{K}/every_anchor": result, f"offline/heldout/K{K}/served": served_fields})
     return result

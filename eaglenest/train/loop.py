@@ -41,6 +41,7 @@ from eaglenest.drafter.target_head import TargetHead
 from eaglenest.workflow.atomic import atomic_dir, atomic_path, write_json
 from eaglenest.workflow.device import torch_device
 from eaglenest.workflow.progress import ProgressLines
+from eaglenest.workflow.tracking import open_trackers
 
 log = logging.getLogger(__name__)
 
@@ -53,8 +54,7 @@ class Progress:
     tokens: int = 0  # supervised tokens trained on, over all processes
     elapsed: float = 0.0  # seconds of training, over every resumed part of the run
     rows: list = dataclasses.field(default_factory=list)  # the training log so far
-    # [loss, step losses, step accuracies, step agreements] per step since the last row
-    window: list = dataclasses.field(default_factory=list)
+    window: list = dataclasses.field(default_factory=list)  # window_columns' values per step since the last row
 
 
 @dataclasses.dataclass
@@ -93,10 +93,16 @@ def supervision(samples, ttt_steps, mask_alignment="predicted"):
     return supervised, counts
 
 
+def window_columns(ttt_steps):
+    """What each optimizer step measures: the weighted loss, the TTT steps' losses, accuracies
+    and agreements, the gradients' norm before clipping. A log row holds their means."""
+    steps = [f"{name}_{k}" for name in ("loss", "acc", "agreement") for k in range(ttt_steps)]
+    return ["loss", *steps, "grad_norm"]
+
+
 def log_columns(ttt_steps):
     """The training log's columns."""
-    steps = [f"{name}_{k}" for name in ("loss", "acc", "agreement") for k in range(ttt_steps)]
-    return ["step", "epoch", "lr", "loss", *steps, "tokens", "elapsed_s"]
+    return ["step", "epoch", "lr", *window_columns(ttt_steps), "tokens", "elapsed_s"]
 
 
 def write_tsv(path, columns, rows):
@@ -116,7 +122,7 @@ def train_drafter(shard_paths, manifest_path, d2t_path, t2d_path, target_dir, ou
                   temperature=1.0, tv_weight=0.0, train_lm_head=True, init_std=None, heldout_fraction=0.0, init_from=None,
                   drafter_geometry=None, log_every=10, verifier_name_or_path=None, export_dtype=None, num_workers=0,
                   pin_memory=False, activation_checkpointing=False, bf16=None, device=None, trained_config_path=None,
-                  resume_dir=None, checkpoint_every=50, num_processes=1, nnodes=1, launcher=""):
+                  resume_dir=None, checkpoint_every=50, num_processes=1, nnodes=1, launcher="", tracking=None):
     """Train a drafter; write it to out_dir (speculators format) and a TSV log, atomically.
 
     Trains max_steps optimizer steps if given, else `epochs` passes over the samples that are
@@ -146,6 +152,7 @@ def train_drafter(shard_paths, manifest_path, d2t_path, t2d_path, target_dir, ou
     `launcher`.
     Speed only: `num_workers` DataLoader workers, `pin_memory` (cuda), `activation_checkpointing`
     (the drafter recomputes its activations in backward), `bf16` (autocast; None: on cuda only).
+    Observability only: `tracking`, the config's tracking section (None: none; see train_steps).
     """
     arguments = dict(locals())  # every argument: for the run key and for torchrun's workers
     distributed = dist.is_available() and dist.is_initialized()
@@ -173,11 +180,13 @@ def train_drafter(shard_paths, manifest_path, d2t_path, t2d_path, target_dir, ou
         log.info("resuming from step %d/%d (%s)", progress.step, run.total_steps, resume_dir)
     if distributed:  # after the restore, as DDP starts by broadcasting rank 0's weights
         run.model = DistributedDataParallel(run.drafter, device_ids=[run.device.index] if run.device.type == "cuda" else None)
-    train_steps(run, progress, this_run, ttt_steps=ttt_steps, step_weight_decay=step_weight_decay,
-                max_grad_norm=max_grad_norm, log_every=log_every, num_workers=num_workers,
-                loss_settings=dict(supervise=supervise, temperature=temperature, tv_weight=tv_weight,
-                                   mask_alignment=mask_alignment),
-                pin_memory=pin_memory, bf16=bf16, resume_dir=resume_dir, checkpoint_every=checkpoint_every)
+    with open_trackers(tracking if run.rank == 0 else None, Path(log_path).parent, "train_drafter",
+                       first_step=progress.step + 1) as trackers:
+        train_steps(run, progress, this_run, trackers, ttt_steps=ttt_steps, step_weight_decay=step_weight_decay,
+                    max_grad_norm=max_grad_norm, log_every=log_every, num_workers=num_workers,
+                    loss_settings=dict(supervise=supervise, temperature=temperature, tv_weight=tv_weight,
+                                       mask_alignment=mask_alignment),
+                    pin_memory=pin_memory, bf16=bf16, resume_dir=resume_dir, checkpoint_every=checkpoint_every)
     if run.rank > 0:
         return
     export_trained(run.drafter, target_dir, out_dir, trained_config_path, ttt_steps=ttt_steps,
@@ -234,11 +243,13 @@ def epoch_loader(run, steps, num_workers, pin_memory):
     return zip([real for real, _ in rounds], loader)
 
 
-def train_steps(run, progress, this_run, *, ttt_steps, step_weight_decay, max_grad_norm, loss_settings, log_every,
+def train_steps(run, progress, this_run, trackers, *, ttt_steps, step_weight_decay, max_grad_norm, loss_settings, log_every,
                 num_workers, pin_memory, bf16, resume_dir, checkpoint_every):
     """Optimizer steps from progress.step to run.total_steps, logging every `log_every` steps
-    and checkpointing every `checkpoint_every` (rank 0, into resume_dir). `loss_settings`:
-    ttt_loss's keywords (supervise, temperature, tv_weight, mask_alignment)."""
+    and checkpointing every `checkpoint_every` (rank 0, into resume_dir). Every step's
+    window_columns, lr and tokens/s (supervised tokens over the training time so far) go to
+    `trackers` (rank 0's; TensorBoard's event files in tensorboard/train_drafter beside the log).
+    `loss_settings`: ttt_loss's keywords (supervise, temperature, tv_weight, mask_alignment)."""
     bf16 = run.device.type == "cuda" if bf16 is None else bf16
     elapsed_before, start, first_step = progress.elapsed, time.time(), progress.step
     epoch, done = 0, progress.step  # resumed: skip the done epochs, then the epoch's done steps
@@ -253,17 +264,21 @@ def train_steps(run, progress, this_run, *, ttt_steps, step_weight_decay, max_gr
         rounds = iter(epoch_loader(run, steps, num_workers, pin_memory))
         for step in steps:
             turns = list(itertools.islice(rounds, len(rank_rounds(step, run.rank, run.world_size))))
-            value, step_losses, step_accs, step_agreements = optimizer_step(
-                run, step, turns, bf16, ttt_steps, step_weight_decay, max_grad_norm, loss_settings)
+            measured = optimizer_step(run, step, turns, bf16, ttt_steps, step_weight_decay, max_grad_norm,
+                                      loss_settings)
             progress.step += 1
             tokens = sum(run.supervised[i] for batch in step for i in batch)
             progress.tokens += tokens
             ticker.advance(work=tokens)
-            progress.window.append([value, *step_losses, *step_accs, *step_agreements])
+            progress.window.append(measured)
             progress.elapsed = elapsed_before + time.time() - start
+            trackers.log({f"train/{name}": value for name, value in zip(window_columns(ttt_steps), measured)}
+                         | {"train/lr": run.optimizer.last_lr(), "train/tokens_per_s": progress.tokens / progress.elapsed},
+                         step=progress.step)
             if progress.step % log_every == 0 or progress.step == run.total_steps:
                 log_row(run, progress, epoch, ttt_steps, rate=(progress.step - first_step) / (time.time() - start))
             if resume_dir and run.rank == 0 and progress.step % checkpoint_every == 0 and progress.step < run.total_steps:
+                trackers.flush()
                 save_loop_state(Path(resume_dir) / CHECKPOINT, run.drafter, run.optimizer, run.device,
                                 run_key=this_run, **dataclasses.asdict(progress))
         epoch, done = epoch + 1, 0
@@ -272,8 +287,8 @@ def train_steps(run, progress, this_run, *, ttt_steps, step_weight_decay, max_gr
 def optimizer_step(run, step, turns, bf16, ttt_steps, step_weight_decay, max_grad_norm, loss_settings):
     """One optimizer step over this rank's `turns` of the step's micro-batches: their gradients
     accumulate (DDP all-reduces once, at the last), each loss normalised over the whole step
-    (loss.soft_ce_loss). -> the step's weighted loss, step losses, accuracies and agreements (all
-    ranks').
+    (loss.soft_ce_loss). -> window_columns' values: the step's weighted loss, step losses,
+    accuracies and agreements (all ranks'), the gradients' norm before clipping.
 
     The hidden states cross to the device in their stored dtype (bf16 or FP8 at scale; FP8 is
     dequantized there, to bf16 under autocast, to float32 without). Under bf16
@@ -297,9 +312,10 @@ def optimizer_step(run, step, turns, bf16, ttt_steps, step_weight_decay, max_gra
                                              step_weight_decay, normalisers, run.world_size, **loss_settings)
             loss.backward()
         stats += micro_stats
-    torch.nn.utils.clip_grad_norm_([p for p in run.drafter.parameters() if p.requires_grad], max_grad_norm)
+    grad_norm = torch.nn.utils.clip_grad_norm_([p for p in run.drafter.parameters() if p.requires_grad], max_grad_norm)
     run.optimizer.step()
-    return step_means(global_sum(stats, run.world_size), step_weight_decay)
+    value, step_losses, step_accs, step_agreements = step_means(global_sum(stats, run.world_size), step_weight_decay)
+    return [value, *step_losses, *step_accs, *step_agreements, float(grad_norm)]
 
 
 def log_row(run, progress, epoch, ttt_steps, rate):

@@ -22,7 +22,7 @@ CHECKPOINT = "checkpoint.pt"  # in resume_dir
 # Arguments that leave what training computes unchanged: a checkpoint stays valid across them.
 NOT_IN_RUN_KEY = (
     "out_dir", "log_path", "trained_config_path", "resume_dir", "checkpoint_every", "num_processes", "num_workers",
-    "device", "verifier_name_or_path", "export_dtype", "nnodes", "launcher",
+    "device", "verifier_name_or_path", "export_dtype", "nnodes", "launcher", "tracking",
 )
 
 
