@@ -1,5 +1,6 @@
 """Shared fixtures: a real demo target, and real Snakemake runs of a copy of this workflow."""
 
+import collections
 import contextlib
 import csv
 import fcntl
@@ -242,6 +243,11 @@ def planned(workdir, *args):
         return {}
     table = out.split("Job stats:")[1].split("total")[0]
     return {m[1]: int(m[2]) for m in re.finditer(r"^(\w+)\s+(\d+)$", table, re.M)}
+
+
+def jobs_run(result):
+    """{rule: job count} that a real run (snakemake's result) finished, from its log."""
+    return dict(collections.Counter(re.findall(r"^Finished jobid: \d+ \(Rule: (\w+)\)$", result.stderr, re.M)))
 
 
 def mtimes(workdir):

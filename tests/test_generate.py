@@ -121,7 +121,8 @@ def test_the_built_run_learns_from_exactly_what_the_target_emitted(built):
         sample = samples[record["id"]]
         assert sample["input_ids"] == record["prompt_token_ids"] + completion
         assert sample["loss_mask"] == [0] * len(record["prompt_token_ids"]) + [1] * len(completion)
-        text = tokenizer.hf.decode(completion)
-        if "</think>" in text:  # the text fields are the decoded halves
-            reasoning, _, content = text.partition("</think>")
-            assert (reasoning, content.removesuffix("<|im_end|>")) == (record["reasoning_content"], record["content"])
+        # the text fields are the decoded halves; cut off (or stopped) inside its reasoning, it is all reasoning
+        reasoning, _, content = tokenizer.hf.decode(completion).removesuffix("<|im_end|>").partition("</think>")
+        assert (reasoning, content) == (record["reasoning_content"], record["content"])
+    endings = {(r["reasoning_closed"], r["finish_reason"]) for r in records}
+    assert {(True, "stop"), (False, "length")} <= endings  # both kinds of record were checked

@@ -68,7 +68,7 @@ def test_vllm_states_equal_the_hf_backends_and_the_tied_head_gives_the_targets_l
     torch.testing.assert_close(rebuilt, logits, **TOLERANCE)
 
 
-def test_both_exports_say_what_vllm_expects_and_vllm_drafts_with_them(smollm2_run):
+def test_both_exports_say_what_vllm_expects_and_vllm_drafts_with_the_speculators_one(smollm2_run):
     speculators = json.loads((smollm2_run / "drafter/config.json").read_text())
     eagle = json.loads((smollm2_run / "drafter_eagle/config.json").read_text())
     layer = speculators["transformer_layer_config"]

@@ -84,6 +84,48 @@ def test_the_demo_leaves_tensorboard_runs_of_its_training_and_evaluations(built)
     assert len(tags) == 2 * len(runs) and tensorboard_scalars(results / "eval/tensorboard/evaluate_vllm") == tags
 
 
+PROGRESS = re.compile(r"INFO [\w.]+: (?P<label>[^:]+): (?P<done>\d+)/(?P<total>\d+) (?P<unit>\w+), (?P<rate>[\d.]+) "
+                      r"(?P=unit)/s(?:, (?P<work_rate>[\d,]+) (?P<work>[\w ]+)/s)?, elapsed (?P<elapsed>[\d:.]+(?: s)?), "
+                      r"ETA (?P<eta>.+)$", re.M)
+
+
+def progress_runs(log):
+    """The progress lines (eaglenest/workflow/progress.py) of a rule's log, one list per loop: a
+    loop's first line is at 0 done."""
+    runs = []
+    for line in PROGRESS.finditer(log.read_text()):
+        if int(line["done"]) == 0:
+            runs.append([])
+        runs[-1].append(line)
+    return runs
+
+
+def test_the_long_stages_log_done_total_rate_and_eta_from_start_to_end(built):
+    """README: every long stage logs done/total, its rate and an ETA. Each loop of training, the
+    offline evaluation and evaluate_vllm's agreement check logs a line at the start (nothing done,
+    ETA unknown) and one at the end (all done, its rate, ETA 0), with as many done as there was
+    work; the interval between lines is test_progress's."""
+    results = built / "results"
+    steps = int((results / "train/train_log.tsv").read_text().splitlines()[-1].split("\t")[0])
+    heldout = json.loads((results / "eval/offline_metrics.json").read_text())["heldout_samples"]
+    runs = json.loads((results / "eval/vllm_metrics.json").read_text())["runs"]
+    checks = {(r["suite"], r["temperature"], r["draft_sample_method"], r["concurrency"]): r["prompts"] for r in runs}
+    expected = {
+        "train_drafter": [("training", steps, "steps", "supervised tokens")],
+        "evaluate_offline": [("offline evaluation", heldout, "samples", "tokens")],
+        "evaluate_vllm": sorted((f"agreement check, T={t:g}, {method}", prompts, "samples", None)
+                                for (_, t, method, _), prompts in checks.items()),
+    }
+    for rule, loops in expected.items():
+        logged = progress_runs(results / "logs" / f"{rule}.log")
+        assert sorted((run[0]["label"], int(run[0]["total"]), run[0]["unit"], run[0]["work"]) for run in logged) == loops, rule
+        for run in logged:
+            first, last = run[0], run[-1]
+            assert (first["rate"], first["elapsed"], first["eta"]) == ("0.00", "0.0 s", "?"), first[0]
+            assert last["done"] == last["total"] and float(last["rate"]) > 0 and last["eta"] == "0.0 s", last[0]
+            assert [int(line["done"]) for line in run] == sorted(int(line["done"]) for line in run), rule
+
+
 def test_story2_a_fix_in_tokenization_code_rebuilds_tokenize_and_keeps_unchanged_shards(workdir):
     module = workdir / "eaglenest" / "data" / "records.py"  # imported by the tokenize stage only
     module.write_text(module.read_text().replace('FINISH_REASONS = ("stop", "length")', 'FINISH_REASONS = ("stop", "length", "abort")'))

@@ -14,25 +14,26 @@ PROGRESS_EVERY_S = 30.0
 class ProgressLines:
     """Call advance(n) as work is done; lines go to `logger`. `rate_of`: an optional second
     count per line (e.g. tokens), given to advance as `work=`, whose rate is shown too. `done`:
-    what an earlier, resumed run did (counted in done/total, not in the rate)."""
+    what an earlier, resumed run did (counted in done/total, not in the rate). `clock`: seconds,
+    monotonic (a test gives its own, to hold the interval without waiting for it)."""
 
-    def __init__(self, label, total, unit, *, logger, rate_of=None, done=0, every_s=PROGRESS_EVERY_S):
+    def __init__(self, label, total, unit, *, logger, rate_of=None, done=0, clock=time.monotonic):
         self.label, self.total, self.unit, self.logger = label, total, unit, logger
-        self.rate_of, self.every_s = rate_of, every_s
+        self.rate_of, self.clock = rate_of, clock
         self.done = self.first = done
         self.work = 0
-        self.start = self.last = time.monotonic()
+        self.start = self.last = clock()
         self.report()
 
     def advance(self, n=1, *, work=0):
         self.done += n
         self.work += work
-        now = time.monotonic()
-        if now - self.last >= self.every_s or self.done >= self.total:
+        now = self.clock()
+        if now - self.last >= PROGRESS_EVERY_S or self.done >= self.total:
             self.report(now)
 
     def report(self, now=None):
-        now = time.monotonic() if now is None else now
+        now = self.clock() if now is None else now
         self.last, elapsed = now, max(now - self.start, 1e-9)
         rate = (self.done - self.first) / elapsed
         eta = duration((self.total - self.done) / rate) if rate else "?"
