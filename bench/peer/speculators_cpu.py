@@ -160,7 +160,13 @@ def train(info_path, argv):
 
     trainer.Trainer.run_training = counted
     start = time.time()
-    main(TrainConfig.resolve(argv))
+    config = TrainConfig.resolve(argv)
+    main(config)
+    # Its trainer catches SIGTERM and returns normally after saving "interrupted": only a run
+    # that saved its last epoch is a finished one, and only that one leaves info_path.
+    last = Path(config.save_path) / str(config.epochs - 1)
+    if not last.is_dir():
+        sys.exit(f"speculators' training stopped before its last epoch ({last} is missing)")
     info |= {"wall_s": round(time.time() - start, 1), "torch_threads": torch.get_num_threads()}
     info_path.write_text(json.dumps(info, indent=1) + "\n")
 
