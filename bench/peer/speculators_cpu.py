@@ -164,7 +164,8 @@ def train(info_path, argv):
     main(config)
     # Its trainer catches SIGTERM and returns normally after saving "interrupted": only a run
     # that saved its last epoch is a finished one, and only that one leaves info_path.
-    last = Path(config.save_path) / str(config.epochs - 1)
+    flat = config.flatten()
+    last = Path(flat["save_path"]) / str(flat["epochs"] - 1)
     if not last.is_dir():
         sys.exit(f"speculators' training stopped before its last epoch ({last} is missing)")
     info |= {"wall_s": round(time.time() - start, 1), "torch_threads": torch.get_num_threads()}
