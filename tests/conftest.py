@@ -47,22 +47,24 @@ def pytest_terminal_summary(terminalreporter):
         terminalreporter.write_line(f"{seconds:7.1f} s  {test}")
 
 
-WHOLE_RUNS = ("built", "smollm2_run")  # the session fixtures that each run a whole workflow
-
-
 def pytest_collection_modifyitems(items):
-    """Under pytest-xdist (make test: two workers, one test file at a time), the files that use a
-    whole-workflow run come first, one of each run in turn, so the two workers start by building
-    different runs instead of one waiting for the other's. Without xdist the order changes nothing."""
-    def run_of(item):
-        return next((i for i, name in enumerate(WHOLE_RUNS) if name in item.fixturenames), len(WHOLE_RUNS))
-
+    """Under pytest-xdist (make test: two workers, one test file at a time; a worker takes the next
+    file in this order when two of its tests are left), the two whole-workflow runs start at once,
+    one on each worker, and no worker waits on a run another is still building: first each run's
+    file with the most tests, then the other files of the shorter run (smollm2_run), then the files
+    that need neither run, and the other users of `built` last. Without xdist the order changes nothing."""
     modules = {}
     for item in items:
         modules.setdefault(item.module.__name__, []).append(item)
-    runs = {name: min(run_of(item) for item in module) for name, module in modules.items()}
-    turn = {name: sum(runs[other] == runs[name] for other in list(modules)[:i]) for i, name in enumerate(modules)}
-    order = sorted(modules, key=lambda name: (runs[name] == len(WHOLE_RUNS), turn[name], runs[name]))
+
+    def users(run):
+        return [name for name, module in modules.items() if any(run in item.fixturenames for item in module)]
+
+    built, smollm2 = users("built"), [name for name in users("smollm2_run") if name not in users("built")]
+    first = [max(run, key=lambda name: len(modules[name])) for run in (built, smollm2) if run]
+    order = first + [name for name in smollm2 if name not in first] \
+        + [name for name in modules if name not in built and name not in smollm2] \
+        + [name for name in built if name not in first]
     items[:] = [item for name in order for item in modules[name]]
 
 
@@ -132,7 +134,7 @@ SMOLLM2_CI = {  # configs/smollm2.yaml, shrunk: what the test's point does not n
     "train": {"bf16": False, "epochs": 1, "tokens_per_step": 200, "max_tokens_per_batch": 1024, "heldout_fraction": 0.25},
     # temperature 1 with both draft methods (eval.draft_sample_methods null): greedy K=3 and probabilistic K=3
     "eval": {"suites": [], "temperatures": [0.0, 1.0], "num_speculative_tokens": [3], "concurrency": [1],
-             "max_tokens": 32, "max_prompts": 8},
+             "max_tokens": 32, "max_prompts": 4},
 }
 
 
