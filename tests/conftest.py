@@ -219,10 +219,12 @@ def built(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def report_html(built, tmp_path_factory):
-    """The built workflow's Snakemake report (`snakemake --report`), built once per session."""
-    here = tmp_path_factory.mktemp("report")
-    shutil.copytree(built, here / "wf", symlinks=True)
-    snakemake(here / "wf", "--report", str(here / "report.html"))
+    """The built workflow's Snakemake report (`snakemake --report`), built once per session (its
+    two test files may run on different workers)."""
+    with built_once(tmp_path_factory, "report") as (here, build):
+        if build:
+            shutil.copytree(built, here / "wf", symlinks=True)
+            snakemake(here / "wf", "--report", str(here / "report.html"))
     return here / "report.html"
 
 
