@@ -72,7 +72,11 @@ def slurm_conf(folder, node, ports, gpu_model, gpus):
         "TaskPlugin=task/none",
         "SelectType=select/cons_tres",
         "SelectTypeParameters=CR_Core_Memory",  # memory is scheduled: a job asking more than the node is refused
-        "JobAcctGatherType=jobacct_gather/none",
+        # Memory is enforced without cgroups: every second the processes of each step are summed
+        # from /proc, and a step over its memory is killed, saying so in the job's output (FAILED).
+        "JobAcctGatherType=jobacct_gather/linux",
+        "JobAcctGatherFrequency=task=1",
+        "JobAcctGatherParams=OverMemoryKill",
         "AccountingStorageType=accounting_storage/none",
         "MpiDefault=none",
         "ReturnToService=2",

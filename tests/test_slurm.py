@@ -1,13 +1,18 @@
 """profiles/slurm on a real one-node SLURM cluster (tests/slurm_cluster.py: slurmctld, slurmd and
-munge on this machine): jobs go through sbatch, a job cancelled while it runs is rerun alone, and
-the artifacts are byte-identical to a local run's. The CPU stages from the responses to the token
-counts: the GPU stages start vLLM, minutes a job here (docs/GPUS.md says what was checked by hand)."""
+munge on this machine), and the faults a cluster run meets: a job cancelled while it runs is rerun
+alone; Snakemake killed mid-run, then run again as docs/GPUS.md says, submits only the unfinished
+job; a job over its memory or its time is killed by the scheduler, which says why. The artifacts
+are byte-identical to a local run's. The CPU stages from the responses to the token counts: the
+GPU stages start vLLM, minutes a job here (docs/GPUS.md says what was checked by hand)."""
 
+import contextlib
 import hashlib
+import os
 import re
-import shutil
+import signal
 import subprocess
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import yaml
@@ -17,9 +22,10 @@ from slurm_cluster import LocalSlurm, alive, machine
 from test_profiles import CLUSTER_PYTHON
 
 TARGETS = ["results/data/tokenized_data.jsonl", "results/data/token_freq.pt"]
-OUTPUTS = ["results/data/tokenized_data.jsonl", "results/data/tokenize_report.json", "results/data/token_freq.pt"]
-RULES = {"tokenize": 1, "token_freq": 1}
-CANCELLED = "tokenize"  # scancel'ed while it runs: retries: 1 reruns it
+TOKENIZED = ["results/data/tokenized_data.jsonl", "results/data/tokenize_report.json"]  # tokenize's outputs
+OUTPUTS = [*TOKENIZED, "results/data/token_freq.pt"]
+SUBMITTED = re.compile(r"has been submitted with SLURM jobid (\d+) \(log: .*?/rule_(\w+)/")
+TOKENIZE_MEM_MB = 100  # the fault below: the job's own Snakemake alone holds ~170 MB
 
 
 @pytest.fixture(scope="session")
@@ -46,8 +52,7 @@ def local_profile(folder):
         resources |= {key: value for key, value in {"mem_mb": mem_mb, "cpus_per_gpu": 1}.items() if key in resources}
     settings["set-threads"] = {rule: node["CPUs"] for rule in settings["set-threads"]}
     settings |= {"slurm-status-command": "squeue", "slurm-init-seconds-before-status-checks": 1,
-                 "seconds-between-status-checks": 1, "slurm-keep-successful-logs": True,
-                 "slurm-no-account": True}  # no accounting: nothing to guess it from
+                 "seconds-between-status-checks": 1, "slurm-keep-successful-logs": True}
     folder.mkdir()
     (folder / "config.yaml").write_text(yaml.safe_dump(settings))
     return folder
@@ -67,49 +72,160 @@ def digests(workdir):
     return {path: hashlib.sha256((workdir / path).read_bytes()).hexdigest() for path in OUTPUTS}
 
 
+def stamps(workdir, paths):
+    """{path: (sha256, mtime in ns)}: what a rerun must not touch."""
+    return {path: (hashlib.sha256((workdir / path).read_bytes()).hexdigest(), (workdir / path).stat().st_mtime_ns)
+            for path in paths}
+
+
 @pytest.fixture(scope="module")
-def slurm_run(slurm, demo_target, tmp_path_factory):
-    """The run through sbatch, with `tokenize` cancelled by scancel once it runs. -> (workdir, its
-    Snakemake output, {SLURM job id: (rule, scontrol's record of the job)})."""
-    root = tmp_path_factory.mktemp("slurm_run")
-    workdir = small_workflow(root, demo_target)
-    profile = local_profile(root / "profile")
-    run = subprocess.Popen([CLUSTER_PYTHON, "-m", "snakemake", "--profile", profile, *TARGETS], cwd=workdir,
-                           env=slurm.env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+def runs(slurm, demo_target, tmp_path_factory):
+    """Every scenario below side by side, each in a workflow copy of its own, and the local run they
+    are compared with. The hung job goes first: its minute, and the plugin's status checks, which
+    slow down while nothing finishes (docs/GPUS.md), are the longest wait, and the rest runs beside
+    it. -> {scenario: its future}: a test takes its own scenario's result only."""
+    profile = local_profile(tmp_path_factory.mktemp("profile") / "slurm")
+    copy = lambda name: small_workflow(tmp_path_factory.mktemp(name), demo_target)  # noqa: E731
+    timeout = copy("timeout")
+    run, hung = hung_run(slurm, timeout, profile)
+    with ThreadPoolExecutor(5) as pool:  # leaving it waits for every scenario
+        futures = {"timeout": pool.submit(lambda: (timeout, *finished(run), hung)),
+                   "cancelled": pool.submit(cancelled, slurm, copy("cancelled"), profile),
+                   "killed": pool.submit(killed, slurm, copy("killed"), profile),
+                   "memory": pool.submit(out_of_memory, slurm, copy("memory"), profile),
+                   "local": pool.submit(local_digests, copy("local"))}
+    return futures
+
+
+def on_cluster(slurm, workdir, profile, *args):
+    """The cluster venv's Snakemake with the profile, started in `workdir`."""
+    return subprocess.Popen([CLUSTER_PYTHON, "-m", "snakemake", "--profile", profile, *args], cwd=workdir,
+                            env=slurm.env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+def finished(run, timeout_s=600):
+    """Wait for the Snakemake `run` -> (its exit status, its output)."""
     try:
-        cancelled = cancel_when_running(slurm, CANCELLED)
-        output = run.communicate(timeout=600)[0]
+        output = run.communicate(timeout=timeout_s)[0]
     finally:
         run.kill()
-    assert run.returncode == 0, output
-    jobs = {}
-    for job_id, rule in re.findall(r"has been submitted with SLURM jobid (\d+) \(log: .*?/rule_(\w+)/", output):
-        jobs[job_id] = (rule, slurm.run("scontrol", "show", "job", job_id))
-    return workdir, output, jobs, cancelled
+    return run.returncode, output
 
 
-def cancel_when_running(slurm, rule, timeout_s=300):
-    """scancel the first SLURM job of `rule` once it runs -> its job id."""
+def slurm_jobs(slurm, workdir):
+    """{job id: (rule, state)} of the jobs from `workdir` that slurmctld still holds (finished ones
+    for MinJobAge, 300 s). The plugin gives each job the comment rule_<rule>."""
+    listing = slurm.run("squeue", "--noheader", "--states=all", "--format=%i|%k|%T|%Z")
+    rows = (line.split("|") for line in listing.splitlines())
+    return {job: (comment.removeprefix("rule_"), state) for job, comment, state, folder in rows
+            if folder == str(workdir)}
+
+
+def running_job(slurm, workdir, rule, timeout_s=300):
+    """The id of `rule`'s SLURM job from `workdir`, once it runs."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        for job_id in slurm.run("squeue", "--noheader", "--states=running", "--format=%i").split():
-            if f"rule_{rule}" in slurm.run("scontrol", "show", "job", job_id):
-                time.sleep(3)  # the job's own Snakemake is under way
-                slurm.run("scancel", job_id)
-                return job_id
+        for job, (job_rule, state) in slurm_jobs(slurm, workdir).items():
+            if (job_rule, state) == (rule, "RUNNING"):
+                return job
         time.sleep(0.5)
-    raise TimeoutError(f"no running {rule} job in {timeout_s} s")
+    raise TimeoutError(f"no running {rule} job from {workdir} in {timeout_s} s")
+
+
+def wait_until(done, what, timeout_s=60):
+    deadline = time.monotonic() + timeout_s
+    while not done():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"not {what} after {timeout_s} s")
+        time.sleep(0.5)
+
+
+def cancelled(slurm, workdir, profile):
+    """`tokenize` cancelled by scancel once it runs; the profile's retries: 1 reruns it.
+    -> (workdir, Snakemake's output, {SLURM job id: (rule, scontrol's record of the job)}, the cancelled id)"""
+    run = on_cluster(slurm, workdir, profile, *TARGETS)
+    job = running_job(slurm, workdir, "tokenize")
+    time.sleep(3)  # the job's own Snakemake is under way
+    slurm.run("scancel", job)
+    returncode, output = finished(run)
+    assert returncode == 0, output
+    records = {job_id: (rule, slurm.run("scontrol", "show", "job", job_id))
+               for job_id, rule in SUBMITTED.findall(output)}
+    return workdir, output, records, job
+
+
+def killed(slurm, workdir, profile):
+    """Snakemake SIGKILLed while `token_freq` runs (`tokenize` is done), then what docs/GPUS.md tells
+    the user to do: cancel the killed run's jobs by its run ID (in its log), wait until they are
+    gone, `--unlock`, run again. -> what each step left, by name."""
+    run = on_cluster(slurm, workdir, profile, *TARGETS)
+    running_job(slurm, workdir, "token_freq")
+    at_kill = sorted(slurm_jobs(slurm, workdir).values())
+    tokenized = stamps(workdir, TOKENIZED)
+    run.kill()
+    finished(run)
+    (log,) = (workdir / ".snakemake/log").glob("*.snakemake.log")
+    run_id = re.search(r"SLURM run ID: (\S+)", log.read_text())[1]
+    slurm.run("scancel", "--name", run_id)
+    wait_until(lambda: not slurm.run("squeue", "--noheader", "--name", run_id), f"{run_id}'s jobs gone")
+    refused = finished(on_cluster(slurm, workdir, profile, *TARGETS))
+    unlocked = finished(on_cluster(slurm, workdir, profile, "--unlock"))
+    rerun = finished(on_cluster(slurm, workdir, profile, *TARGETS))
+    return {"workdir": workdir, "at_kill": at_kill, "tokenized": tokenized, "refused": refused, "unlocked": unlocked,
+            "rerun": rerun, "tokenized_after": stamps(workdir, TOKENIZED)}
+
+
+def hung_run(slurm, workdir, profile):
+    """`tokenize` given a minute, hung once it runs (every process of the job stopped, as a stuck
+    file system or collective would hold it), no retry: SLURM ends it at its time limit.
+    -> (the Snakemake run, still going, the job id)"""
+    run = on_cluster(slurm, workdir, profile, "--set-resources", "tokenize:runtime=1", "--retries", "0", TOKENIZED[0])
+    try:
+        job = running_job(slurm, workdir, "tokenize")
+        hang(slurm, job)
+    except BaseException:
+        run.kill()
+        raise
+    return run, job
+
+
+def hang(slurm, job):
+    """SIGSTOP every process of `job` (scontrol listpids), until it has no other."""
+    stopped = set()
+    while True:
+        pids = {int(line.split()[0]) for line in slurm.run("scontrol", "listpids", job).splitlines()[1:]}
+        if stopped and pids <= stopped:
+            return
+        for pid in pids - stopped:
+            with contextlib.suppress(ProcessLookupError):  # a short-lived child, gone already
+                os.kill(pid, signal.SIGSTOP)
+        stopped |= pids
+        time.sleep(0.1)
+
+
+def out_of_memory(slurm, workdir, profile):
+    """`tokenize` given TOKENIZE_MEM_MB by a profile override, no retry.
+    -> (workdir, Snakemake's exit status and output)"""
+    run = on_cluster(slurm, workdir, profile, "--set-resources", f"tokenize:mem_mb={TOKENIZE_MEM_MB}",
+                     "--retries", "0", TOKENIZED[0])
+    return workdir, *finished(run)
+
+
+def local_digests(workdir):
+    """The targets run locally (--cores 2): the artifacts every cluster run is held to."""
+    snakemake(workdir, *TARGETS)
+    return digests(workdir)
 
 
 def field(record, name):
     return re.search(rf"\b{name}=(\S*)", record)[1]
 
 
-def test_every_job_is_a_slurm_job_on_the_profiles_partition_with_its_log(slurm_run):
-    workdir, output, jobs, cancelled = slurm_run
-    assert sorted(rule for rule, _ in jobs.values()) == sorted([*RULES, CANCELLED])  # the cancelled one twice
+def test_every_job_is_a_slurm_job_on_the_profiles_partition_with_its_log(runs):
+    workdir, output, jobs, cancelled_id = runs["cancelled"].result()
+    assert sorted(rule for rule, _ in jobs.values()) == ["token_freq", "tokenize", "tokenize"]  # tokenize rerun
     for job_id, (rule, record) in jobs.items():
-        assert field(record, "JobState") == ("CANCELLED" if job_id == cancelled else "COMPLETED"), record
+        assert field(record, "JobState") == ("CANCELLED" if job_id == cancelled_id else "COMPLETED"), record
         assert field(record, "Partition") == "cpu"  # default-resources: the CPU stages
         assert field(record, "TimeLimit") == "01:00:00"  # runtime=60 minutes
         log = workdir / f".snakemake/slurm_logs/rule_{rule}/{job_id}.log"  # where docs/GPUS.md says
@@ -117,16 +233,53 @@ def test_every_job_is_a_slurm_job_on_the_profiles_partition_with_its_log(slurm_r
     assert "TresPerJob" not in "".join(record for _, record in jobs.values())  # no GPU asked for a CPU stage
 
 
-def test_a_cancelled_job_is_rerun_alone(slurm_run):
-    workdir, output, jobs, cancelled = slurm_run
-    assert f"SLURM-job '{cancelled}' failed, SLURM status is: 'CANCELLED'" in output
+def test_a_cancelled_job_is_rerun_alone(runs):
+    workdir, output, jobs, cancelled_id = runs["cancelled"].result()
+    assert f"SLURM-job '{cancelled_id}' failed, SLURM status is: 'CANCELLED'" in output
     assert output.count("Trying to restart job") == 1
     assert "Nothing to be done" in snakemake(workdir, "-n", *TARGETS).stdout  # every output whole and up to date
 
 
-def test_artifacts_are_those_of_a_local_run(slurm_run, tmp_path):
-    workdir, *_ = slurm_run
-    local = tmp_path / "local"
-    shutil.copytree(workdir, local, symlinks=True, ignore=shutil.ignore_patterns("results", ".snakemake"))
-    snakemake(local, *TARGETS)
-    assert digests(local) == digests(workdir)
+def test_artifacts_are_those_of_a_local_run(runs):
+    workdir, *_ = runs["cancelled"].result()
+    assert digests(workdir) == runs["local"].result()
+
+
+def test_a_killed_snakemake_run_again_as_documented_submits_only_its_unfinished_job(runs):
+    killed = runs["killed"].result()
+    assert killed["at_kill"] == [("token_freq", "RUNNING"), ("tokenize", "COMPLETED")]
+    returncode, output = killed["refused"]  # the killed run's lock is left behind
+    assert returncode != 0 and "Directory cannot be locked" in output, output
+    returncode, output = killed["unlocked"]
+    assert returncode == 0, output
+    returncode, output = killed["rerun"]
+    assert returncode == 0, output
+    assert [rule for _, rule in SUBMITTED.findall(output)] == ["token_freq"]
+
+
+def test_a_killed_snakemake_loses_nothing_finished_and_leaves_nothing_half_written(runs):
+    killed = runs["killed"].result()
+    workdir = killed["workdir"]
+    assert killed["tokenized_after"] == killed["tokenized"]  # tokenize's outputs: same bytes, same mtimes
+    assert digests(workdir) == runs["local"].result()
+    assert not list((workdir / "results").rglob("*.tmp"))  # no temporary of the cancelled job's
+    assert "Nothing to be done" in snakemake(workdir, "-n", *TARGETS).stdout
+
+
+def test_a_job_over_its_memory_is_killed_and_its_slurm_log_says_why(runs):
+    workdir, returncode, output = runs["memory"].result()
+    (job,) = [job for job, _ in SUBMITTED.findall(output)]
+    log = workdir / f".snakemake/slurm_logs/rule_tokenize/{job}.log"
+    assert returncode != 0
+    # memory enforced by polling, not cgroups: the state is FAILED, the reason in the job's log
+    assert f"SLURM-job '{job}' failed, SLURM status is: 'FAILED'" in output and str(log) in output, output
+    limit = TOKENIZE_MEM_MB * 2**20  # bytes
+    assert re.search(rf"StepId={job}\.batch exceeded memory limit \(\d+ > {limit}\), being killed", log.read_text())
+
+
+def test_a_job_over_its_runtime_is_killed_and_its_slurm_log_says_why(runs):
+    workdir, returncode, output, job = runs["timeout"].result()
+    log = workdir / f".snakemake/slurm_logs/rule_tokenize/{job}.log"
+    assert returncode != 0
+    assert f"SLURM-job '{job}' failed, SLURM status is: 'TIMEOUT'" in output and str(log) in output, output
+    assert re.search(rf"\*\*\* JOB {job} ON \S+ CANCELLED AT \S+ DUE TO TIME LIMIT \*\*\*", log.read_text())
