@@ -75,10 +75,12 @@ report: setup
 	$(BIN)/snakemake --report results/report.html
 	@echo "report: $(CURDIR)/results/report.html (open it in a browser)"
 
-# Two workers (pytest-xdist), one test file at a time, in the order tests/conftest.py gives the
-# files: the whole-workflow runs are built once each and shared by both workers (BENCHMARKS.md).
+# Three workers (pytest-xdist) on CI's two cores: much of the suite waits (on an engine starting, a
+# Snakemake subprocess, a SLURM job), and a third worker fills that time. One test file at a time, in
+# the order tests/conftest.py gives the files: the whole-workflow runs are built once each and
+# shared by all workers (BENCHMARKS.md, "The test suite's time").
 test: setup setup-cluster setup-browser setup-slurm
-	$(BIN)/pytest -q -n 2 --dist loadfile --no-loadscope-reorder --durations=50 tests
+	$(BIN)/pytest -q -n 3 --dist loadfile --no-loadscope-reorder --durations=50 tests
 
 lint: setup
 	$(BIN)/snakemake --lint

@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 # Idle OpenMP threads sleep instead of spinning, in this process and all it starts (Snakemake, its
-# jobs, vLLM): make test's two workers share two cores, where a spinning thread steals the other
+# jobs, vLLM): make test's workers share two cores, where a spinning thread steals the other
 # worker's core. Two demo-target trainings side by side: 13 s each instead of 47 (7 s alone, 11 s
 # alone when passive). Set before torch loads its OpenMP runtime. Speed only.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
@@ -48,23 +48,20 @@ def pytest_terminal_summary(terminalreporter):
 
 
 def pytest_collection_modifyitems(items):
-    """Under pytest-xdist (make test: two workers, one test file at a time; a worker takes the next
-    file in this order when two of its tests are left), the two whole-workflow runs start at once,
-    one on each worker, and no worker waits on a run another is still building: first each run's
-    file with the most tests, then the other files of the shorter run (smollm2_run), then the files
-    that need neither run, and the other users of `built` last. Without xdist the order changes nothing."""
+    """Under pytest-xdist (make test: one test file at a time per worker; a worker takes the next
+    file in this order when two of its tests are left), the two whole-workflow runs start at once
+    and no worker waits on a run another is still building: first each run's file with the most
+    tests, then the files that need neither run, then the other users of the runs. Without xdist
+    the order changes nothing."""
     modules = {}
     for item in items:
         modules.setdefault(item.module.__name__, []).append(item)
-
-    def users(run):
-        return [name for name, module in modules.items() if any(run in item.fixturenames for item in module)]
-
-    built, smollm2 = users("built"), [name for name in users("smollm2_run") if name not in users("built")]
-    first = [max(run, key=lambda name: len(modules[name])) for run in (built, smollm2) if run]
-    order = first + [name for name in smollm2 if name not in first] \
-        + [name for name in modules if name not in built and name not in smollm2] \
-        + [name for name in built if name not in first]
+    runs = {name: {run for item in module for run in ("built", "smollm2_run") if run in item.fixturenames}
+            for name, module in modules.items()}
+    first = [max((name for name in modules if run in runs[name]), key=lambda name: len(modules[name]), default=None)
+             for run in ("built", "smollm2_run")]
+    order = [name for name in first if name] + [name for name in modules if not runs[name]] \
+        + [name for name in modules if runs[name] and name not in first]
     items[:] = [item for name in order for item in modules[name]]
 
 
