@@ -175,12 +175,13 @@ def fitted_profile(folder, rule, resources, drop=(), settings=None):
 
 
 def beside_local_run(slurm, workdir, profile, *targets):
-    """Snakemake with `profile` in `workdir`, and a local --cores 2 run of the same targets in a
-    copy of it (its results and Snakemake's records of them: the same jobs are left to run) at the
-    same time. -> (the copy, {SLURM job id: scontrol's record of it})"""
+    """Snakemake with `profile` in `workdir`, and at the same time a local run of the same targets
+    on the cores of all nodes together, in a copy of `workdir` (its results and Snakemake's records
+    of them: the same jobs are left to run). -> (the copy, {SLURM job id: scontrol's record of it})"""
     local, log = workdir.parent / "local", workdir.parent / "local.log"
     shutil.copytree(workdir, local, symlinks=True)
-    with open(log, "w") as out, subprocess.Popen([sys.executable, "-m", "snakemake", "--cores", "2", *targets],
+    cores = str(len(NODES) * node_share()["CPUs"])
+    with open(log, "w") as out, subprocess.Popen([sys.executable, "-m", "snakemake", "--cores", cores, *targets],
                                                  cwd=local, stdout=out, stderr=subprocess.STDOUT) as twin:
         run = subprocess.run([CLUSTER_PYTHON, "-m", "snakemake", "--profile", profile, *targets], cwd=workdir,
                              env=slurm.env, capture_output=True, text=True, timeout=600)
@@ -220,7 +221,7 @@ def test_multi_node_training_runs_a_torchrun_on_each_node(slurm, multi_node):
     workdir, _, job_id, record = multi_node
     assert field(record, "JobState") == "COMPLETED" and field(record, "Partition") == "gpu"
     assert [field(record, name) for name in ("NodeList", "NumNodes", "NumTasks", "CPUs/Task", "BatchHost")] == [
-        "n[1-2]", "2", "2", "1", "n1"]
+        "n[1-2]", "2", "2", str(node_share()["CPUs"]), "n1"]
     assert step_tasks(slurm, f"{job_id}.0") == {"n1": ["0"], "n2": ["1"]}  # the job's first step: srun's torchruns
     log = (workdir / "results/logs/train_drafter.log").read_text()
     assert (f"launching 1 processes on each of 2 nodes: srun {CLUSTER_PYTHON} -m torch.distributed.run --nnodes=2 "
@@ -231,7 +232,7 @@ def test_multi_node_training_runs_a_torchrun_on_each_node(slurm, multi_node):
 
 def test_multi_node_training_trains_what_one_node_does(multi_node):
     """docs/GPUS.md: the number of nodes is not part of what training computes. 2 processes on 2
-    nodes train, tensor for tensor, the drafter of 2 on one node."""
+    nodes train, tensor for tensor, the drafter of 2 on one node with the threads of both."""
     workdir, local, *_ = multi_node
     trained, expected = tensors(workdir / DRAFTER), tensors(local / DRAFTER)
     assert trained.keys() == expected.keys()
@@ -264,7 +265,7 @@ def grouped_extraction(slurm, demo_target, tmp_path_factory):
 def test_a_group_of_shards_is_one_allocation_with_its_gpus(slurm, grouped_extraction):
     """One sbatch job holds both shards, on partition gpu with one shard's GPU (the layers of
     resources engine=1: not one GPU per shard) and their runtimes added up; in it each shard is a
-    step of its own (the jobstep executor's srun), one after the other."""
+    step of its own (the jobstep executor's srun)."""
     workdir, _, jobs = grouped_extraction
     [(job_id, record)] = jobs.items()
     assert field(record, "JobState") == "COMPLETED" and field(record, "Partition") == "gpu"
@@ -287,5 +288,6 @@ def test_a_group_loads_the_target_once_per_shard_not_once(grouped_extraction):
 
 
 def test_grouped_shards_are_those_of_a_local_run(grouped_extraction):
+    """Byte for byte the shards of one engine in a local run."""
     workdir, local, _ = grouped_extraction
     assert all((workdir / shard).read_bytes() == (local / shard).read_bytes() for shard in SHARDS)
