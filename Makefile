@@ -20,12 +20,12 @@ setup-cluster: $(CLUSTER_VENV)/.installed
 setup-browser:
 	command -v chromium >/dev/null || (apt-get update && apt-get install -y chromium)
 
-# The SLURM tests (tests/test_slurm.py) run the workflow on a one-node SLURM cluster of Debian's
+# The SLURM tests (tests/test_slurm.py) run the workflow on a two-node SLURM cluster of Debian's
 # slurm-wlm and munge (tests/slurm_cluster.py), installed where missing, as Chromium is.
 setup-slurm:
 	command -v slurmctld >/dev/null && command -v munged >/dev/null || (apt-get update && apt-get install -y slurm-wlm munge)
 
-# A one-node cluster to try profiles/slurm on (as root; docs/GPUS.md "A SLURM cluster on this machine")
+# A two-node cluster to try profiles/slurm on (as root; docs/GPUS.md "A SLURM cluster on this machine")
 SLURM_DIR ?= /tmp/eaglenest-slurm
 slurm-start: setup setup-slurm
 	$(BIN)/python tests/slurm_cluster.py start $(SLURM_DIR)

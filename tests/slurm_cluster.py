@@ -1,11 +1,14 @@
-"""A one-node SLURM cluster on this machine, for the tests and for trying profiles/slurm.
+"""A two-node SLURM cluster on this machine, for the tests and for trying profiles/slurm.
 
-Debian's slurm-wlm and munge (`make setup-slurm`), run as root: munged, slurmctld and slurmd,
+Debian's slurm-wlm and munge (`make setup-slurm`), run as root: munged, slurmctld and one slurmd
+per node (`slurmd -N n1`, `-N n2`: both nodes are this host, each slurmd on a port of its own),
 each in the foreground of a process we start, so its pid is ours to stop. Everything lives in
-one folder (configuration, keys, state, spool, logs, pids); nothing in /etc is read or written.
-The node has this machine's CPUs and memory (`slurmd -C`) and two partitions, `cpu` (the default)
-and `gpu`, with `gpus` GPUs as a gres of type `gpu_model`: a Count and no device File, so GPU
-requests are scheduled on a CPU node. No accounting daemon: job states come from squeue.
+one folder (configuration, keys, state, spool, logs, pids); nothing in /etc is written but the
+link SYSTEM_CONF. The machine is split, not counted twice: each node has half of its cores and
+half of its memory (`slurmd -C`), so SLURM never places more work than the machine holds. Both
+nodes are in both partitions, `cpu` (the default) and `gpu`, with `gpus` GPUs each as a gres of
+type `gpu_model` (device files that are /dev/null: GPU requests are scheduled, nothing is touched).
+No accounting daemon: job states come from squeue.
 
     python tests/slurm_cluster.py start /tmp/slurm    # prints the SLURM_CONF to export
     python tests/slurm_cluster.py stop /tmp/slurm     # cancels the jobs, stops the daemons by pid
@@ -29,8 +32,9 @@ from pathlib import Path
 # cluster at a time per machine.
 SYSTEM_CONF = Path("/etc/slurm/slurm.conf")
 GPU_MODEL = "rtx_pro_6000"  # profiles/slurm's gpu_model
-GPUS = 8
-DAEMONS = ("munged", "slurmctld", "slurmd")  # started in this order, stopped in the other
+GPUS = 8  # per node
+NODES = ("n1", "n2")
+DAEMONS = ("munged", "slurmctld", *(f"slurmd-{node}" for node in NODES))  # started in this order, stopped in the other
 
 
 def free_port():
@@ -49,25 +53,35 @@ def machine():
     return {name: int(fields[name]) for name in NODE_FACTS}
 
 
-def slurm_conf(folder, node, ports, gpu_model, gpus):
-    """slurm.conf of the one-node cluster (cons_tres: CPUs, memory and GPUs are what jobs ask)."""
-    facts = " ".join(f"{name}={value}" for name, value in machine().items())
+def node_share():
+    """One node's share of this machine: half its cores (one where it has a single core: then the
+    nodes share it) with their threads, on one socket, and half its memory."""
+    facts = machine()
+    cores = max(1, facts["SocketsPerBoard"] * facts["CoresPerSocket"] * facts["Boards"] // len(NODES))
+    return {"CPUs": cores * facts["ThreadsPerCore"], "Boards": 1, "SocketsPerBoard": 1, "CoresPerSocket": cores,
+            "ThreadsPerCore": facts["ThreadsPerCore"], "RealMemory": facts["RealMemory"] // len(NODES)}
+
+
+def slurm_conf(folder, host, ports, gpu_model, gpus):
+    """slurm.conf of the cluster (cons_tres: CPUs, memory and GPUs are what jobs ask). slurmd
+    substitutes %n, the node's name, so that each has its own pid file, spool and log (with one
+    pid file for both, the second slurmd kills the first: `killing old slurmd[...]`)."""
+    facts = " ".join(f"{name}={value}" for name, value in node_share().items())
     return "\n".join([
         "ClusterName=eaglenest",
-        f"SlurmctldHost={node}",
+        f"SlurmctldHost={host}",
         f"SlurmctldPort={ports['slurmctld']}",
-        f"SlurmdPort={ports['slurmd']}",
         "SlurmUser=root",
         "SlurmdUser=root",
         "AuthType=auth/munge",
         "CredType=cred/munge",
         f"AuthInfo=socket={folder}/munge.socket",
         f"StateSaveLocation={folder}/state",
-        f"SlurmdSpoolDir={folder}/spool",
+        f"SlurmdSpoolDir={folder}/spool/%n",
         f"SlurmctldPidFile={folder}/slurmctld.pid",
-        f"SlurmdPidFile={folder}/slurmd.pid",
+        f"SlurmdPidFile={folder}/slurmd-%n.pid",
         f"SlurmctldLogFile={folder}/slurmctld.log",
-        f"SlurmdLogFile={folder}/slurmd.log",
+        f"SlurmdLogFile={folder}/slurmd-%n.log",
         "ProctrackType=proctrack/linuxproc",  # no cgroup setup needed
         "TaskPlugin=task/none",
         "SelectType=select/cons_tres",
@@ -84,10 +98,10 @@ def slurm_conf(folder, node, ports, gpu_model, gpus):
         "InactiveLimit=0",
         "GresTypes=gpu",
         "SlurmdDebug=debug2",
-        f"NodeName={node} NodeAddr=127.0.0.1 {facts} "
-        f"Gres=gpu:{gpu_model}:{gpus} State=UNKNOWN",
-        f"PartitionName=cpu Nodes={node} Default=YES MaxTime=INFINITE State=UP",
-        f"PartitionName=gpu Nodes={node} MaxTime=INFINITE State=UP",
+        *(f"NodeName={node} NodeHostname={host} NodeAddr=127.0.0.1 Port={ports[node]} {facts} "
+          f"Gres=gpu:{gpu_model}:{gpus} State=UNKNOWN" for node in NODES),
+        f"PartitionName=cpu Nodes={','.join(NODES)} Default=YES MaxTime=INFINITE State=UP",
+        f"PartitionName=gpu Nodes={','.join(NODES)} MaxTime=INFINITE State=UP",
         "",
     ])
 
@@ -108,8 +122,8 @@ class LocalSlurm:
         return result.stdout
 
     def start(self, gpu_model=GPU_MODEL, gpus=GPUS, timeout_s=60.0):
-        """Write the configuration, start the daemons, wait until the node is idle."""
-        for sub in ("state", "spool"):
+        """Write the configuration, start the daemons, wait until both nodes are idle."""
+        for sub in ("state", *(f"spool/{node}" for node in NODES)):
             (self.folder / sub).mkdir(parents=True, exist_ok=True)
         self.folder.chmod(0o755)  # munged: its socket's folder must be searchable by all
         key = self.folder / "munge.key"
@@ -118,24 +132,25 @@ class LocalSlurm:
         if SYSTEM_CONF.exists() or SYSTEM_CONF.is_symlink():
             raise RuntimeError(f"{SYSTEM_CONF} exists (-> {SYSTEM_CONF.resolve()}): another cluster is configured on "
                                "this machine; stop it first (python tests/slurm_cluster.py stop FOLDER)")
-        node = socket.gethostname()
-        ports = {"slurmctld": free_port(), "slurmd": free_port()}
-        self.conf.write_text(slurm_conf(self.folder, node, ports, gpu_model, gpus))
+        host = socket.gethostname()
+        ports = {name: free_port() for name in ("slurmctld", *NODES)}
+        self.conf.write_text(slurm_conf(self.folder, host, ports, gpu_model, gpus))
         # Slurm 22.05 drops a GPU without a File ("Removing file-less GPU ... from final GRES list" in
         # slurmd's log) and wants a device there: each gets a character device of its own with
-        # /dev/null's numbers (its name's number is its index).
+        # /dev/null's numbers (its name's number is its index). Both nodes name the same files, as
+        # the nodes of a real cluster each have their /dev/nvidia0-7.
         (self.folder / "dev").mkdir(exist_ok=True)
         for i in range(gpus):
             os.mknod(self.folder / "dev" / f"gpu{i}", 0o600 | stat.S_IFCHR, os.makedev(1, 3))
-        (self.folder / "gres.conf").write_text(
-            f"NodeName={node} Name=gpu Type={gpu_model} File={self.folder}/dev/gpu[0-{gpus - 1}]\n")
+        (self.folder / "gres.conf").write_text("".join(
+            f"NodeName={node} Name=gpu Type={gpu_model} File={self.folder}/dev/gpu[0-{gpus - 1}]\n" for node in NODES))
         SYSTEM_CONF.parent.mkdir(exist_ok=True)
         SYSTEM_CONF.symlink_to(self.conf)
         commands = {
             "munged": ["munged", "--foreground", "--force", f"--key-file={key}", f"--socket={self.folder}/munge.socket",
                        f"--pid-file={self.folder}/munged.pid", f"--seed-file={self.folder}/munged.seed"],
             "slurmctld": ["slurmctld", "-D", "-i", "-f", str(self.conf)],
-            "slurmd": ["slurmd", "-D", "-f", str(self.conf)],
+            **{f"slurmd-{node}": ["slurmd", "-D", "-N", node, "-f", str(self.conf)] for node in NODES},
         }
         pids = {}
         try:
@@ -146,7 +161,7 @@ class LocalSlurm:
                 (self.folder / "pids.json").write_text(json.dumps(pids))
                 if name == "munged":
                     self._wait(lambda: (self.folder / "munge.socket").exists(), "munged's socket", timeout_s)
-            self._wait(self.idle, f"node {node} idle in sinfo", timeout_s)
+            self._wait(self.idle, f"nodes {', '.join(NODES)} idle in sinfo", timeout_s)
         except BaseException:
             self.stop()
             raise
@@ -154,7 +169,8 @@ class LocalSlurm:
 
     def idle(self):
         try:
-            return self.run("sinfo", "--noheader", "--Node", "--format=%T").split() == ["idle", "idle"]  # both partitions
+            states = self.run("sinfo", "--noheader", "--Node", "--format=%T").split()
+            return states == ["idle"] * 2 * len(NODES)  # each node in each partition
         except RuntimeError:
             return False
 
@@ -176,7 +192,7 @@ class LocalSlurm:
     def stop(self, timeout_s=30.0):
         """Cancel every job, then stop the daemons we started, by pid (SIGKILL after timeout_s)."""
         pids = self.pids()
-        if "slurmd" in pids and alive(pids["slurmd"]):
+        if any(name.startswith("slurmd") and alive(pid) for name, pid in pids.items()):
             subprocess.run(["scancel", "--full", "--user", "root"], env=self.env, capture_output=True)
             deadline = time.monotonic() + timeout_s
             while time.monotonic() < deadline and self.run("squeue", "--noheader", "--states=running,completing"):

@@ -22,6 +22,11 @@ PRCTL = ctypes.CDLL(None).prctl if sys.platform == "linux" else None  # resolved
 PR_SET_PDEATHSIG = 1
 RDZV_PORT = 29500  # multi-node: torchrun's rendezvous on the node that launches the others
 WORKER_MODULE = "eaglenest.train"  # what each torchrun process runs: eaglenest/train/__main__.py
+# The thread counts Snakemake sets to a job's threads (snakemake/shell.py): each worker gets its
+# share. MKL's count changes its float rounding: left at the job's, a run of 2 processes on one
+# node of 2 threads (MKL on 2 each) and on 2 nodes of 1 (MKL on 1) trained different weights.
+THREAD_VARIABLES = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "GOTO_NUM_THREADS",
+                    "VECLIB_MAXIMUM_THREADS", "NUMEXPR_NUM_THREADS")
 
 
 def die_with_parent():
@@ -68,9 +73,10 @@ def launch_workers(arguments):
         f"{socket.gethostname()}:{RDZV_PORT}", os.environ.get("SLURM_JOB_ID", os.getpid()),
     )
     n = arguments["num_processes"] // arguments["nnodes"]  # processes on this node
+    share = str(max(1, torch.get_num_threads() // n))  # of this job's threads, a worker's
     env = dict(
         os.environ,
-        OMP_NUM_THREADS=str(max(1, torch.get_num_threads() // n)),  # share this job's threads
+        **dict.fromkeys(THREAD_VARIABLES, share),
         # the workers import this very eaglenest: not one in the working directory (safe path),
         # nor an installed copy of another checkout
         PYTHONPATH=os.pathsep.join(filter(None, [str(CHECKOUT), os.environ.get("PYTHONPATH")])),
