@@ -50,18 +50,19 @@ def pytest_terminal_summary(terminalreporter):
 def pytest_collection_modifyitems(items):
     """Under pytest-xdist (make test: one test file at a time per worker; a worker takes the next
     file in this order when two of its tests are left), the two whole-workflow runs start at once
-    and no worker waits on a run another is still building: first each run's file with the most
-    tests, then the files that need neither run, then the other users of the runs. Without xdist
-    the order changes nothing."""
+    and no worker waits on a run another is still building. First, for each run, its user with the
+    fewest tests above two (its worker waits on the run alone, then is soon free); then the files
+    that need neither run; then the runs' other users, the larger first, spread over the workers
+    once the runs are built. Without xdist the order changes nothing."""
     modules = {}
     for item in items:
         modules.setdefault(item.module.__name__, []).append(item)
     runs = {name: {run for item in module for run in ("built", "smollm2_run") if run in item.fixturenames}
             for name, module in modules.items()}
-    first = [max((name for name in modules if run in runs[name]), key=lambda name: len(modules[name]), default=None)
-             for run in ("built", "smollm2_run")]
-    order = [name for name in first if name] + [name for name in modules if not runs[name]] \
-        + [name for name in modules if runs[name] and name not in first]
+    first = [min((name for name in modules if run in runs[name] and len(modules[name]) > 2),
+                 key=lambda name: len(modules[name]), default=None) for run in ("built", "smollm2_run")]
+    users = sorted((name for name in modules if runs[name] and name not in first), key=lambda name: -len(modules[name]))
+    order = [name for name in first if name] + [name for name in modules if not runs[name]] + users
     items[:] = [item for name in order for item in modules[name]]
 
 

@@ -24,7 +24,7 @@ import yaml
 from safetensors import safe_open
 
 from conftest import DEMO_RAW, REPO, edit_config, merge, new_workdir, snakemake
-from slurm_cluster import NODES, LocalSlurm, alive, node_share
+from slurm_cluster import GPU_MODEL, NODES, LocalSlurm, alive, node_share
 from test_profiles import CLUSTER_PYTHON
 
 TARGETS = ["results/data/tokenized_data.jsonl", "results/data/token_freq.pt"]
@@ -443,4 +443,34 @@ def test_a_group_loads_the_target_once_per_shard_not_once(grouped_extraction):
 def test_grouped_shards_are_those_of_a_local_run(grouped_extraction):
     """Byte for byte the shards of one engine in a local run."""
     workdir, local, _ = grouped_extraction
+    assert all((workdir / shard).read_bytes() == (local / shard).read_bytes() for shard in SHARDS)
+
+
+@pytest.fixture(scope="module")
+def allocation_extraction(slurm, grouped_extraction, tmp_path_factory):
+    """docs/HIDDEN_STATES.md "Under SLURM": the same shards in one sbatch allocation of a GPU, made
+    by Snakemake's local executor inside it, from the local run's split of the samples.
+    -> (its workdir, scontrol's record of the job)"""
+    _, local, _ = grouped_extraction
+    workdir = tmp_path_factory.mktemp("allocation") / "wf"
+    shutil.copytree(local, workdir, symlinks=True, ignore=shutil.ignore_patterns("hidden_states"))  # no shard
+    cores = node_share()["CPUs"]
+    run = subprocess.run(
+        ["sbatch", "--parsable", "--wait", "--partition=gpu", f"--gpus={GPU_MODEL}:1", f"--cpus-per-gpu={cores}",
+         f"--mem={node_share()['RealMemory']}", f"--chdir={workdir}", f"--output={workdir}/allocation.log",
+         f"--wrap={sys.executable} -m snakemake --cores {cores} {' '.join(SHARDS)}"],
+        env=slurm.env, capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stderr + (workdir / "allocation.log").read_text()
+    return workdir, slurm.run("scontrol", "show", "job", run.stdout.strip())
+
+
+def test_a_phase_in_one_allocation_loads_the_target_once(allocation_extraction, grouped_extraction):
+    """What the groups cannot do, one allocation with the local executor does: one Snakemake in the
+    job, so one engine service and one load for both shards, on partition gpu with its GPU, and
+    the shards are byte for byte the local run's."""
+    workdir, record = allocation_extraction
+    _, local, _ = grouped_extraction
+    assert field(record, "JobState") == "COMPLETED" and field(record, "Partition") == "gpu"
+    assert field(record, "TresPerJob") == f"gres:gpu:{GPU_MODEL}:1"
+    assert (workdir / "results/logs/hidden_states/engine.log").read_text().count("target loaded in") == 1
     assert all((workdir / shard).read_bytes() == (local / shard).read_bytes() for shard in SHARDS)
