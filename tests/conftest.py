@@ -178,12 +178,11 @@ def edit_config(workdir, update):
     path.write_text(yaml.safe_dump(merge(yaml.safe_load(path.read_text()), update)))
 
 
-def snakemake(workdir, *args, check=True, nice=0):
-    """Run this venv's Snakemake in `workdir`, its niceness changed by `nice` (< 0: ahead of the
-    suite's other processes on the shared cores; as root, as make test runs)."""
+def snakemake(workdir, *args, check=True):
+    """Run this venv's Snakemake in `workdir`."""
     result = subprocess.run(
         [sys.executable, "-m", "snakemake", "--cores", "2", *args],
-        cwd=workdir, capture_output=True, text=True, preexec_fn=(lambda: os.nice(nice)) if nice else None,
+        cwd=workdir, capture_output=True, text=True,
     )
     if check and result.returncode != 0:
         raise AssertionError(f"snakemake {args} failed:\n{result.stdout}\n{result.stderr}")
@@ -212,9 +211,7 @@ def built(tmp_path_factory):
     lock would be copied into the `workdir` copies of another worker): tests copy it first."""
     with built_once(tmp_path_factory, "built") as (folder, build):
         if build:
-            # the session's critical path: every other user of the demo run waits for it, so it
-            # goes ahead of the other workers' tests on the two cores
-            snakemake(new_workdir(folder), nice=-10)
+            snakemake(new_workdir(folder))
     return folder / "wf"
 
 
