@@ -47,6 +47,9 @@ def pytest_terminal_summary(terminalreporter):
         terminalreporter.write_line(f"{seconds:7.1f} s  {test}")
 
 
+WHOLE_RUNS = ("built", "smollm2_run")  # the session fixtures that each run a whole workflow
+
+
 def pytest_collection_modifyitems(items):
     """Under pytest-xdist (make test: one test file at a time per worker; a worker takes the next
     file in this order when two of its tests are left), the two whole-workflow runs start at once
@@ -57,10 +60,10 @@ def pytest_collection_modifyitems(items):
     modules = {}
     for item in items:
         modules.setdefault(item.module.__name__, []).append(item)
-    runs = {name: {run for item in module for run in ("built", "smollm2_run") if run in item.fixturenames}
+    runs = {name: {run for item in module for run in WHOLE_RUNS if run in item.fixturenames}
             for name, module in modules.items()}
     first = [min((name for name in modules if run in runs[name] and len(modules[name]) > 2),
-                 key=lambda name: len(modules[name]), default=None) for run in ("built", "smollm2_run")]
+                 key=lambda name: len(modules[name]), default=None) for run in WHOLE_RUNS]
     users = sorted((name for name in modules if runs[name] and name not in first), key=lambda name: -len(modules[name]))
     order = [name for name in first if name] + [name for name in modules if not runs[name]] + users
     items[:] = [item for name in order for item in modules[name]]
