@@ -50,7 +50,7 @@ K, MAX_TOKENS, CONCURRENCY = 3, 64, 8
 OURS = ({"optimizer": "adamw", "weight_decay": 0.0, "schedule": "cosine", "warmup": 20, "max_grad_norm": 0.5,
          "step_weight_decay": 0.8, "supervise": "in_draft_vocab", "tv_weight": 0.0, "init_std": None,
          "train_lm_head": True, "muon_lr": None, "adamw_betas": [0.9, 0.95], "mask_alignment": "predicted",
-         "length_sorted": True},
+         "length_sorted": True, "packed_steps": False, "warmup_from_zero": False},
         {"norm_before_residual": False, "norm_before_fc": False, "norm_output": False})
 VARIANTS = {
     "ours": ({}, {}),
@@ -67,6 +67,11 @@ VARIANTS = {
     "betas": ({"adamw_betas": [0.9, 0.999]}, {}),  # torch's default, which speculators' AdamW keeps
     "input_mask": ({"mask_alignment": "input"}, {}),  # speculators' shift_batch: the input token's mask
     "shuffled": ({"length_sorted": False}, {}),  # a step of samples in random order, as their sampler
+    # their step: one packed batch of consecutive shuffled samples, 565 tokens at most, prompts
+    # included (the total_seq_len bench/peer_speculators.py matched to our steps: 2,199 and 2,197
+    # here against 2,196), each step normalised over its own positions as their per-batch means
+    "packed": ({"packed_steps": True, "tokens_per_step": 565}, {}),
+    "warmup_from_zero": ({"warmup_from_zero": True}, {}),  # transformers' warmup: step 0 at lr 0
     # not differences from speculators: Muon at 5 and 20 x lr (the first ablation's mistaken
     # "default" of 10 x lr, halved and doubled)
     "muon_lr_half": ({"muon_lr": 0.015}, {}),

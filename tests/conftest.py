@@ -163,7 +163,8 @@ FAST = {  # the demo, shrunk so that a whole run takes a few minutes on 2 cores
     "generate": {"max_tokens": 64},
     "hidden_states": {"num_shards": 3},
     "train": {"epochs": 2},
-    "eval": {"max_tokens": 64, "max_prompts": 16, "latency_prompts": 8, "concurrency": [2, 4]},
+    # K=3 alone: a drafter engine per draft method (the choice among several K: test_report's metrics)
+    "eval": {"max_tokens": 64, "max_prompts": 16, "latency_prompts": 8, "concurrency": [2, 4], "num_speculative_tokens": [3]},
 }
 FAST_PROMPTS = 300  # of the demo's 2,000, each answered at temperatures 0 and 1 (eval's): 21 held out
 

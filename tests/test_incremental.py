@@ -189,16 +189,16 @@ def test_the_fitted_temperature_retrains_only_when_it_resolves_to_another_number
 
 
 def test_another_k_runs_its_drafter_engines_and_nothing_else_in_vllm(workdir):
-    """K=2 added to the built run's K=1 and 3: its drafter engines alone, one per draft method (the
+    """K=2 added to the built run's K=3: its drafter engines alone, one per draft method (the
     baseline's text already reaches K=3 past max_tokens), then the evaluation; a suite added: its
     prompts and every vLLM run."""
-    edit_config(workdir, {"eval": {"num_speculative_tokens": [1, 2, 3]}})
+    edit_config(workdir, {"eval": {"num_speculative_tokens": [2, 3]}})
     assert planned(workdir) == {"vllm_speculative": 2, "evaluate_vllm": 1, "summary": 1, "report_figures": 1, "all": 1}
     plan = snakemake(workdir, "-n").stdout
     assert "results/eval/vllm_speculative/greedy/K2.json" in plan and "results/eval/vllm_speculative/probabilistic/K2.json" in plan
-    edit_config(workdir, {"eval": {"num_speculative_tokens": [1, 3], "suites": [{"name": "chat", "prompts": "resources/demo/eval_chat.jsonl"},
+    edit_config(workdir, {"eval": {"num_speculative_tokens": [3], "suites": [{"name": "chat", "prompts": "resources/demo/eval_chat.jsonl"},
                                                                             {"name": "again", "prompts": "resources/demo/eval_chat.jsonl"}]}})
-    assert planned(workdir) == {"eval_prompts": 1, "vllm_baseline": 1, "vllm_speculative": 4, "agreement_states": 1,
+    assert planned(workdir) == {"eval_prompts": 1, "vllm_baseline": 1, "vllm_speculative": 2, "agreement_states": 1,
                                 "evaluate_vllm": 1, "summary": 1, "report_figures": 1, "all": 1}
 
 

@@ -6,7 +6,9 @@ max_tokens; a longer sample is a micro-batch of its own. Within an epoch the sam
 shuffled, sorted by length within windows of WINDOW samples (so a micro-batch holds similar
 lengths and little padding), cut by the budget, and the micro-batches shuffled again (so a step
 mixes lengths). An optimizer step takes consecutive micro-batches until they hold
-tokens_per_step supervised tokens (loss_mask positions: what the loss averages over). The cut
+tokens_per_step supervised tokens (loss_mask positions: what the loss averages over).
+packed_steps instead cuts the shuffled order into steps of at most tokens_per_step tokens,
+prompts included, as speculators packs a batch (docs/TRAINING.md "Recipe"). The cut
 by budget (states.shards.length_batches) is shared with the offline evaluation, which imports
 nothing of train.
 """
@@ -47,8 +49,29 @@ def optimizer_steps(batches, supervised, tokens_per_step):
     return steps + [step] if step else steps
 
 
-def epoch_steps(lengths, supervised, max_tokens_per_batch, tokens_per_step, seed, epoch, length_sorted=True):
-    """The epoch's optimizer steps, each a list of micro-batches of sample indices."""
+def packed_steps(lengths, max_tokens, tokens_per_step, seed, epoch):
+    """The epoch's shuffled order cut into runs of consecutive samples whose lengths sum to at
+    most tokens_per_step (a longer sample alone), one run an optimizer step, each cut into
+    micro-batches by max_tokens: speculators' packed batch, one a step. Padding instead of
+    packing changes no gradient (a padded position has no loss, the step normalises)."""
+    order = torch.randperm(len(lengths), generator=torch.Generator().manual_seed(seed + 1_000_003 * epoch)).tolist()
+    runs, run, held = [], [], 0
+    for i in order:
+        if run and held + lengths[i] > tokens_per_step:
+            runs.append(run)
+            run, held = [], 0
+        run.append(i)
+        held += lengths[i]
+    runs = runs + [run] if run else runs
+    return [budget_batches(run, lengths, max_tokens) for run in runs]
+
+
+def epoch_steps(lengths, supervised, max_tokens_per_batch, tokens_per_step, seed, epoch, length_sorted=True,
+                packed=False):
+    """The epoch's optimizer steps, each a list of micro-batches of sample indices. packed:
+    packed_steps (tokens_per_step counts every token; length_sorted has no effect)."""
+    if packed:
+        return packed_steps(lengths, max_tokens_per_batch, tokens_per_step, seed, epoch)
     return optimizer_steps(epoch_micro_batches(lengths, max_tokens_per_batch, seed, epoch,
                                                length_sorted=length_sorted), supervised,
                            tokens_per_step)

@@ -116,10 +116,10 @@ def write_tsv(path, columns, rows):
 
 def train_drafter(shard_paths, manifest_path, d2t_path, t2d_path, target_dir, out_dir, log_path, *, seed, ttt_steps,
                   step_weight_decay=0.8, epochs=1, max_steps=None, max_tokens_per_batch=8192,
-                  tokens_per_step=8192, lr=1e-4, warmup=0, schedule="cosine", optimizer="adamw", weight_decay=0.0,
+                  tokens_per_step=8192, lr=1e-4, warmup=0, warmup_from_zero=False, schedule="cosine", optimizer="adamw", weight_decay=0.0,
                   muon_lr=None, muon_weight_decay=0.1, adamw_betas=(0.9, 0.95), max_grad_norm=0.5,
                   supervise="in_draft_vocab", mask_alignment="predicted", length_sorted=True,
-                  temperature=1.0, tv_weight=0.0, train_lm_head=True, init_std=None, heldout_fraction=0.0, init_from=None,
+                  packed_steps=False, temperature=1.0, tv_weight=0.0, train_lm_head=True, init_std=None, heldout_fraction=0.0, init_from=None,
                   drafter_geometry=None, log_every=10, verifier_name_or_path=None, export_dtype=None, num_workers=0,
                   pin_memory=False, activation_checkpointing=False, bf16=None, device=None, trained_config_path=None,
                   resume_dir=None, checkpoint_every=50, num_processes=1, nnodes=1, launcher="", tracking=None):
@@ -139,9 +139,9 @@ def train_drafter(shard_paths, manifest_path, d2t_path, t2d_path, target_dir, ou
 
     The recipe, each setting explained in docs/TRAINING.md "Recipe": `optimizer`, `lr`, `muon_lr`
     (None: lr), `weight_decay`, `muon_weight_decay`, `adamw_betas` (eaglenest.train.optim);
-    `schedule`, `warmup`, `max_grad_norm`; `supervise`, `mask_alignment`, `temperature` (resolved
+    `schedule`, `warmup`, `warmup_from_zero`, `max_grad_norm`; `supervise`, `mask_alignment`, `temperature` (resolved
     before: eaglenest.workflow.serving.fitted_temperature) and `tv_weight` (eaglenest.train.loss);
-    `length_sorted` (eaglenest.train.batches); `init_std`, `train_lm_head` (False: the target's
+    `length_sorted`, `packed_steps` (eaglenest.train.batches); `init_std`, `train_lm_head` (False: the target's
     rows, frozen).
 
     `resume_dir`: a directory of training's own (deleted on success). Every checkpoint_every
@@ -165,11 +165,11 @@ def train_drafter(shard_paths, manifest_path, d2t_path, t2d_path, target_dir, ou
     run = start_run(shard_paths, manifest, d2t_path, t2d_path, target_dir, distributed, seed=seed,
                     ttt_steps=ttt_steps, epochs=epochs, max_steps=max_steps,
                     max_tokens_per_batch=max_tokens_per_batch, tokens_per_step=tokens_per_step, lr=lr,
-                    warmup=warmup, schedule=schedule, optimizer=optimizer, weight_decay=weight_decay,
-                    muon_lr=muon_lr, muon_weight_decay=muon_weight_decay, adamw_betas=adamw_betas,
-                    mask_alignment=mask_alignment, length_sorted=length_sorted, train_lm_head=train_lm_head,
-                    init_std=init_std, heldout_fraction=heldout_fraction, init_from=init_from, drafter_geometry=drafter_geometry,
-                    device=device)
+                    warmup=warmup, warmup_from_zero=warmup_from_zero, schedule=schedule, optimizer=optimizer,
+                    weight_decay=weight_decay, muon_lr=muon_lr, muon_weight_decay=muon_weight_decay,
+                    adamw_betas=adamw_betas, mask_alignment=mask_alignment, length_sorted=length_sorted,
+                    packed_steps=packed_steps, train_lm_head=train_lm_head, init_std=init_std,
+                    heldout_fraction=heldout_fraction, init_from=init_from, drafter_geometry=drafter_geometry, device=device)
     run.drafter.activation_checkpointing = activation_checkpointing
     this_run = run_key(arguments) if resume_dir else None
     progress = Progress()
@@ -197,8 +197,9 @@ def train_drafter(shard_paths, manifest_path, d2t_path, t2d_path, target_dir, ou
 
 
 def start_run(shard_paths, manifest, d2t_path, t2d_path, target_dir, distributed, *, seed, ttt_steps, epochs,
-              max_steps, max_tokens_per_batch, tokens_per_step, lr, warmup, schedule, optimizer, weight_decay,
-              muon_lr, muon_weight_decay, adamw_betas, mask_alignment, length_sorted, train_lm_head, init_std, heldout_fraction, init_from, drafter_geometry,
+              max_steps, max_tokens_per_batch, tokens_per_step, lr, warmup, warmup_from_zero, schedule, optimizer,
+              weight_decay, muon_lr, muon_weight_decay, adamw_betas, mask_alignment, length_sorted, packed_steps,
+              train_lm_head, init_std, heldout_fraction, init_from, drafter_geometry,
               device):
     """The Run of train_drafter's arguments: the target head, the training samples and their
     step lists, the new drafter on its device (lm_head frozen unless train_lm_head), its
@@ -217,11 +218,11 @@ def start_run(shard_paths, manifest, d2t_path, t2d_path, target_dir, distributed
     supervised, counts = supervision(samples, ttt_steps, mask_alignment)
     lengths = [end - start for _, start, end, _ in samples.index]
     plan = functools.partial(epoch_steps, lengths, supervised, max_tokens_per_batch, tokens_per_step, seed,
-                             length_sorted=length_sorted)
+                             length_sorted=length_sorted, packed=packed_steps)
     total_steps = max_steps if max_steps is not None else sum(len(plan(epoch)) for epoch in range(epochs))
     optimizers = build_optimizers(drafter, optimizer=optimizer, lr=lr, weight_decay=weight_decay, muon_lr=muon_lr,
                                   muon_weight_decay=muon_weight_decay, warmup=warmup, total_steps=total_steps,
-                                  schedule=schedule, adamw_betas=adamw_betas)
+                                  schedule=schedule, adamw_betas=adamw_betas, warmup_from_zero=warmup_from_zero)
     log.info("%d samples, %d steps, device %s, %d processes", len(samples), total_steps, device, world_size)
     return Run(drafter, drafter, head, samples, optimizers, device, rank, world_size, total_steps, plan,
                supervised, counts)

@@ -15,11 +15,12 @@ import torch
 MUON_MOMENTUM = 0.95
 
 
-def lr_factor(step, warmup, total_steps, schedule="cosine"):
-    """Linear warmup over `warmup` steps, then decay to 0 at `total_steps`: a half cosine
-    (`cosine`) or a straight line (`linear`)."""
+def lr_factor(step, warmup, total_steps, schedule="cosine", warmup_from_zero=False):
+    """Linear warmup over `warmup` steps, from lr / warmup at step 0 (warmup_from_zero: from 0,
+    as transformers' schedules), then decay to 0 at `total_steps`: a half cosine (`cosine`) or
+    a straight line (`linear`)."""
     if step < warmup:
-        return (step + 1) / warmup
+        return (step if warmup_from_zero else step + 1) / warmup
     progress = min((step - warmup) / max(total_steps - warmup, 1), 1.0)
     return 0.5 * (1 + math.cos(math.pi * progress)) if schedule == "cosine" else 1.0 - progress
 
@@ -67,7 +68,7 @@ class Optimizers:
 
 
 def build_optimizers(drafter, *, optimizer, lr, weight_decay, muon_lr, muon_weight_decay, warmup, total_steps,
-                     schedule, adamw_betas=(0.9, 0.95)):
+                     schedule, adamw_betas=(0.9, 0.95), warmup_from_zero=False):
     """The run's Optimizers over the drafter's trainable parameters. muon_lr None: lr (as in
     speculators 0.9.0)."""
     named = [(name, p) for name, p in drafter.named_parameters() if p.requires_grad]
@@ -83,4 +84,4 @@ def build_optimizers(drafter, *, optimizer, lr, weight_decay, muon_lr, muon_weig
         optimizers += [torch.optim.AdamW(rest, lr=lr, **adamw)] if rest else []
     else:
         raise ValueError(f"train.optimizer {optimizer!r}: adamw or muon")
-    return Optimizers(optimizers, lambda step: lr_factor(step, warmup, total_steps, schedule))
+    return Optimizers(optimizers, lambda step: lr_factor(step, warmup, total_steps, schedule, warmup_from_zero))
