@@ -95,6 +95,33 @@ def test_cluster_executors_stay_out_of_the_workflow_venv():
                                   "snakemake_executor_plugin_slurm_jobstep", "snakemake_storage_plugin_fs"]
 
 
+RULE_OR_ALL_CORES = re.compile(r"^\s*(?:local)?rule (\w+):|^\s*threads: lambda wildcards: workflow\.cores\b", re.M)
+
+
+def rules_taking_all_cores():
+    """The rules whose threads are Snakemake's --cores (`threads: lambda wildcards: workflow.cores`)."""
+    found = set()
+    for path in (REPO / "rules").glob("*.smk"):
+        rule = None
+        for match in RULE_OR_ALL_CORES.finditer(path.read_text()):
+            if match[1]:
+                rule = match[1]
+            else:
+                found.add(rule)
+    return found
+
+
+@pytest.mark.parametrize("profile", ["profiles/slurm", "profiles/kubernetes"])
+def test_a_cluster_profile_gives_threads_to_every_rule_that_takes_all_cores(profile):
+    """A cluster run has no --cores, so such a rule's job fails with "Workflow requires a total
+    number of cores to be defined" when it is submitted, unless the profile sets its threads; a
+    dry run never asks (found running the demo through sbatch: docs/GPUS.md)."""
+    settings = yaml.safe_load((REPO / profile / "config.yaml").read_text())
+    taking = rules_taking_all_cores()
+    assert {"build_demo_target", "train_drafter", "vllm_baseline", "evaluate_vllm"} <= taking
+    assert taking <= set(settings.get("set-threads", {})), taking - set(settings.get("set-threads", {}))
+
+
 def test_no_default_profile_applies_itself():
     """Snakemake applies profiles/default to every run, over --profile: there must be none."""
     assert not (REPO / "profiles" / "default").exists()
