@@ -261,8 +261,10 @@ def modelled_step(size):
 
 def kimi_config():
     """The DrafterConfig make_drafter_config gives for Kimi-K2.5 (tests/kimi_k25_config.json, its
-    published config.json) with a draft vocab of 32,000: target_geometry's default Llama layer."""
+    published config.json) with a draft vocab of 32,000: target_geometry's default Llama layer, with
+    config.yaml's drafter: section over it (the norm flags), as the workflow makes it."""
     import torch
+    import yaml
 
     from eaglenest.states.convention import FINAL_STATE_CONVENTION
     from eaglenest.train.init_drafter import make_drafter_config
@@ -272,7 +274,9 @@ def kimi_config():
         t2d = torch.zeros(163840, dtype=torch.bool)
         t2d[:KIMI_DRAFT_VOCAB] = True
         manifest = {"hidden_size": 7168, "aux_layer_ids": [2, 30, 58], "final_state": FINAL_STATE_CONVENTION}
-        return make_drafter_config(tmp, manifest, torch.zeros(KIMI_DRAFT_VOCAB, dtype=torch.int64), t2d)
+        geometry = yaml.safe_load((REPO / "config.yaml").read_text())["drafter"]
+        return make_drafter_config(tmp, manifest, torch.zeros(KIMI_DRAFT_VOCAB, dtype=torch.int64), t2d,
+                                   geometry=geometry)
 
 
 def recipe():

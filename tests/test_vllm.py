@@ -266,10 +266,11 @@ def test_the_agreement_check_names_what_vllm_read_differently(built, tmp_path):
     drafter = tmp_path / "drafter"
     shutil.copytree(built / "results/drafter", drafter)
     config = json.loads((drafter / "config.json").read_text())
-    config["norm_before_residual"] = not config["norm_before_residual"]
+    trained = config["norm_before_residual"]
+    config["norm_before_residual"] = not trained
     (drafter / "config.json").write_text(json.dumps(config))
     broken = speculative_runs(built, tmp_path, drafter, suites=["heldout"], temperatures=[0.0], concurrency=[4])
-    cause = r"it matches the offline estimate when norm_before_residual read as True \(trained with False\)"
+    cause = rf"it matches the offline estimate when norm_before_residual read as {not trained} \(trained with {trained}\)"
     with pytest.raises(InputError, match=r"vLLM does not run the drafter as trained: 1 of 1 runs disagree .*"
                                          r"first heldout T=0 c=4 greedy K=3: .*" + cause):
         evaluate_with(built, tmp_path, broken)
