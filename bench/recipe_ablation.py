@@ -44,7 +44,7 @@ K, MAX_TOKENS, CONCURRENCY = 3, 64, 8
 
 # Each: (train: overrides, drafter: overrides), from OURS toward speculators 0.9.0's defaults.
 # OURS is the recipe every earlier table measured (AdamW, no TV term), fixed here so that those
-# rows stay reproducible; config.yaml's default since issue 43 is "muon+tv". KL against soft CE is
+# rows stay reproducible; config.yaml's default since issue 43 is "muon+tv+norms". KL against soft CE is
 # no variant: they differ by the target's entropy, a constant to the drafter, so their gradients
 # are the same.
 OURS = ({"optimizer": "adamw", "weight_decay": 0.0, "schedule": "cosine", "warmup": 20, "max_grad_norm": 0.5,
