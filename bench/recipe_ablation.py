@@ -79,7 +79,6 @@ VARIANTS = {
     # nor these: the total variation distance beside the soft CE (docs/TRAINING.md, "Recipe")
     "tv": ({"tv_weight": 1.0}, {}),
     "tv_half": ({"tv_weight": 0.5}, {}),
-    "tv_double": ({"tv_weight": 2.0}, {}),
 }
 THEIRS = ("muon", "linear", "equal_steps", "supervise_all", "frozen_lm_head", "norms", "init", "betas", "input_mask",
           "shuffled")

@@ -29,8 +29,11 @@ DOWNSTREAM_OF_TRAINING = {"train_drafter", "export_eagle", "check_drafter", "eva
 NEW_STATES = {"agreement_states"}  # other aux layers or dtype: the agreement check's states too
 PLAN = {"plan", "report_figures", "all"}  # the plan and the report that shows it
 # the recipe settings turned from the workflow's defaults
-OTHER_OPTIMIZER = {"adamw": "muon", "muon": "adamw"}[yaml.safe_load((REPO / "config.yaml").read_text())["train"]["optimizer"]]
-FLIPPED_NORMS = {flag: not value for flag, value in NORM_DEFAULTS.items()}
+CONFIG = yaml.safe_load((REPO / "config.yaml").read_text())
+OTHER_OPTIMIZER = {"adamw": "muon", "muon": "adamw"}[CONFIG["train"]["optimizer"]]
+# the norm flags the other way round from config.yaml's (null: NORM_DEFAULTS)
+FLIPPED_NORMS = {flag: not (value if CONFIG["drafter"][flag] is None else CONFIG["drafter"][flag])
+                 for flag, value in NORM_DEFAULTS.items()}
 
 
 def shard_files(workdir):

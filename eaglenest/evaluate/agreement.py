@@ -101,10 +101,15 @@ def offline_estimates(states, indices, variants, Ks, *, temperature, max_tokens,
 
 
 def misreadings(drafter, aux_layer_ids, num_layers):
-    """The ways vLLM could read our drafter differently, as (description, drafter, aux ids)."""
-    flag = drafter.config.norm_before_residual
-    flipped = load_drafter_copy(drafter, norm_before_residual=not flag)
-    out = [(f"norm_before_residual read as {not flag} (trained with {flag})", flipped, aux_layer_ids)]
+    """The ways vLLM could read our drafter differently, as (description, drafter, aux ids): a norm
+    flag that needs no weights of its own read the other way (with norm_output on, the next step's
+    input is normed already, and norm_before_residual changes little), the aux layers shifted, d2t
+    read as absolute ids."""
+    out = []
+    for name in ("norm_before_residual", "norm_output"):
+        flag = getattr(drafter.config, name)
+        out.append((f"{name} read as {not flag} (trained with {flag})", load_drafter_copy(drafter, **{name: not flag}),
+                    aux_layer_ids))
     out += [(description, drafter, ids) for description, ids in layer_misreadings(aux_layer_ids, num_layers)]
     absolute = load_drafter_copy(drafter)
     absolute.d2t.copy_(drafter.draft_to_target(torch.arange(len(drafter.d2t), device=drafter.d2t.device)))
