@@ -454,10 +454,11 @@ def allocation_extraction(slurm, grouped_extraction, tmp_path_factory):
     _, local, _ = grouped_extraction
     workdir = tmp_path_factory.mktemp("allocation") / "wf"
     shutil.copytree(local, workdir, symlinks=True, ignore=shutil.ignore_patterns("hidden_states"))  # no shard
-    cores = node_share()["CPUs"]
+    node = node_share()
+    cores = node["CPUs"]
     run = subprocess.run(
         ["sbatch", "--parsable", "--wait", "--partition=gpu", f"--gpus={GPU_MODEL}:1", f"--cpus-per-gpu={cores}",
-         f"--mem={node_share()['RealMemory']}", f"--chdir={workdir}", f"--output={workdir}/allocation.log",
+         f"--mem={node['RealMemory']}", f"--chdir={workdir}", f"--output={workdir}/allocation.log",
          f"--wrap={sys.executable} -m snakemake --cores {cores} {' '.join(SHARDS)}"],
         env=slurm.env, capture_output=True, text=True, timeout=600)
     assert run.returncode == 0, run.stderr + (workdir / "allocation.log").read_text()

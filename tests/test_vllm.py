@@ -208,6 +208,19 @@ def test_the_eagle_export_drafts_exactly_like_the_speculators_one(built, evaluat
     assert eagle["counters"] == run["counters"]
 
 
+def write_variant(built, tmp_path, name, drafter):
+    """`drafter` (a variant of the built one) written in the speculators format to tmp_path/name,
+    with the DrafterConfig it stands for as trained in tmp_path/trained.json -> the drafter dir."""
+    results = built / "results"
+    out = tmp_path / name
+    out.mkdir()
+    write_drafter(drafter, out, verifier_name_or_path=results / "target",
+                  verifier_architectures=target_architectures(results / "target"), speculative_tokens=3,
+                  dtype=torch.float32)
+    (tmp_path / "trained.json").write_text(json.dumps(drafter.config.to_dict()))
+    return out
+
+
 def test_every_norm_flag_loads_in_vllm_from_both_exports_and_drafts_as_we_compute_it(built, evaluation, tmp_path):
     """The "EAGLE 3.1" flags as vLLM reads them from each export: the built drafter's weights with
     norm_before_residual, norm_before_fc and norm_output on (an input_norm of its own, around 1),
@@ -223,19 +236,10 @@ def test_every_norm_flag_loads_in_vllm_from_both_exports_and_drafts_as_we_comput
     with torch.no_grad():
         drafter.input_norm.weight.copy_(1 + 0.1 * torch.randn(config.target_hidden_size * 3,
                                                               generator=torch.Generator().manual_seed(0)))
-    flagged = tmp_path / "flagged"
-    flagged.mkdir()
-    write_drafter(drafter, flagged, verifier_name_or_path=results / "target",
-                  verifier_architectures=target_architectures(results / "target"), speculative_tokens=3,
-                  dtype=torch.float32)
+    flagged = write_variant(built, tmp_path, "flagged", drafter)
     export_eagle(flagged, tmp_path / "flagged_eagle")
-    (tmp_path / "trained.json").write_text(json.dumps(config.to_dict()))
     speculative = speculative_runs(built, tmp_path, flagged, suites=["heldout"], temperatures=[0.0], concurrency=[4])
-    metrics = evaluate_vllm(
-        results / "eval/vllm_baseline.json", results / "eval/vllm_baseline_outputs.jsonl", [speculative],
-        results / "eval/agreement_states", results / "target", flagged, tmp_path / "trained.json",
-        results / "hidden_states/manifest.json", results / "vocab/d2t.pt", results / "vocab/t2d.pt",
-        tmp_path / "vllm_metrics.json", agreement_tolerance=0.05, agreement_standard_errors=3, device="cpu")
+    metrics = evaluate_with(built, tmp_path, speculative, flagged, tmp_path / "trained.json")
     [run] = metrics["runs"]
     assert run["agrees"] and run["greedy_text_unchanged"]
     held = evaluation[2][("heldout", 0.0, 4)]
@@ -245,16 +249,16 @@ def test_every_norm_flag_loads_in_vllm_from_both_exports_and_drafts_as_we_comput
     assert eagle["counters"] == run["counters"]
 
 
-def evaluate_with(built, tmp_path, speculative):
-    """evaluate_vllm of the built run's baseline and states with the K runs of `speculative`, the
-    drafter as trained."""
+def evaluate_with(built, tmp_path, speculative, drafter=None, trained_config=None):
+    """evaluate_vllm of the built run's baseline and states with the K runs of `speculative`, for
+    `drafter` as `trained_config` says it was trained (None: the built drafter and its config)."""
     results = built / "results"
     return evaluate_vllm(
         results / "eval/vllm_baseline.json", results / "eval/vllm_baseline_outputs.jsonl", [speculative],
-        results / "eval/agreement_states", results / "target", results / "drafter",
-        results / "train/drafter_config.json", results / "hidden_states/manifest.json", results / "vocab/d2t.pt",
-        results / "vocab/t2d.pt", tmp_path / "vllm_metrics.json", agreement_tolerance=0.05, agreement_standard_errors=3,
-        device="cpu")
+        results / "eval/agreement_states", results / "target", drafter or results / "drafter",
+        trained_config or results / "train/drafter_config.json", results / "hidden_states/manifest.json",
+        results / "vocab/d2t.pt", results / "vocab/t2d.pt", tmp_path / "vllm_metrics.json", agreement_tolerance=0.05,
+        agreement_standard_errors=3, device="cpu")
 
 
 def test_the_agreement_check_names_what_vllm_read_differently(built, tmp_path):
@@ -271,12 +275,7 @@ def test_the_agreement_check_names_what_vllm_read_differently(built, tmp_path):
     config = dataclasses.replace(trained.config, norm_before_residual=False, norm_before_fc=False, norm_output=False)
     plain = Drafter(config)
     plain.load_state_dict({k: v for k, v in trained.state_dict().items() if not k.startswith("input_norm")}, strict=False)
-    drafter = tmp_path / "plain"
-    drafter.mkdir()
-    write_drafter(plain, drafter, verifier_name_or_path=results / "target",
-                  verifier_architectures=target_architectures(results / "target"), speculative_tokens=3,
-                  dtype=torch.float32)
-    (tmp_path / "trained.json").write_text(json.dumps(config.to_dict()))
+    drafter = write_variant(built, tmp_path, "plain", plain)
     exported = json.loads((drafter / "config.json").read_text())
     exported["norm_before_residual"] = True
     (drafter / "config.json").write_text(json.dumps(exported))
@@ -284,11 +283,7 @@ def test_the_agreement_check_names_what_vllm_read_differently(built, tmp_path):
     cause = r"it matches the offline estimate when norm_before_residual read as True \(trained with False\)"
     with pytest.raises(InputError, match=r"vLLM does not run the drafter as trained: 1 of 1 runs disagree .*"
                                          r"first heldout T=0 c=4 greedy K=3: .*" + cause):
-        evaluate_vllm(results / "eval/vllm_baseline.json", results / "eval/vllm_baseline_outputs.jsonl", [broken],
-                      results / "eval/agreement_states", results / "target", drafter, tmp_path / "trained.json",
-                      results / "hidden_states/manifest.json", results / "vocab/d2t.pt", results / "vocab/t2d.pt",
-                      tmp_path / "vllm_metrics.json", agreement_tolerance=0.05, agreement_standard_errors=3,
-                      device="cpu")
+        evaluate_with(built, tmp_path, broken, drafter, tmp_path / "trained.json")
 
 
 @pytest.mark.parametrize("method", ["greedy", "probabilistic"])

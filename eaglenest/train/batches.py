@@ -22,12 +22,17 @@ from eaglenest.states.shards import budget_batches, length_batches
 WINDOW = 1024
 
 
+def epoch_generator(seed, epoch):
+    """The generator an epoch's shuffles draw from: a pure function of (seed, epoch)."""
+    return torch.Generator().manual_seed(seed + 1_000_003 * epoch)
+
+
 def epoch_micro_batches(lengths, max_tokens, seed, epoch, window=WINDOW, length_sorted=True):
     """The epoch's micro-batches of sample indices, every sample once, length-bucketed and
     shuffled as a pure function of (seed, epoch). length_sorted False: the shuffled order cut
     by the budget as it comes (speculators' random sampler before its packing), so a
     micro-batch, and a step, mixes lengths at the cost of more padding."""
-    generator = torch.Generator().manual_seed(seed + 1_000_003 * epoch)
+    generator = epoch_generator(seed, epoch)
     order = torch.randperm(len(lengths), generator=generator).tolist()
     if length_sorted:
         batches = length_batches(order, lengths, max_tokens, window)
@@ -54,7 +59,7 @@ def packed_steps(lengths, max_tokens, tokens_per_step, seed, epoch):
     most tokens_per_step (a longer sample alone), one run an optimizer step, each cut into
     micro-batches by max_tokens: speculators' packed batch, one a step. Padding instead of
     packing changes no gradient (a padded position has no loss, the step normalises)."""
-    order = torch.randperm(len(lengths), generator=torch.Generator().manual_seed(seed + 1_000_003 * epoch)).tolist()
+    order = torch.randperm(len(lengths), generator=epoch_generator(seed, epoch)).tolist()
     runs, run, held = [], [], 0
     for i in order:
         if run and held + lengths[i] > tokens_per_step:

@@ -115,14 +115,15 @@ def write_tsv(path, columns, rows):
 
 
 def train_drafter(shard_paths, manifest_path, d2t_path, t2d_path, target_dir, out_dir, log_path, *, seed, ttt_steps,
-                  step_weight_decay=0.8, epochs=1, max_steps=None, max_tokens_per_batch=8192,
-                  tokens_per_step=8192, lr=1e-4, warmup=0, warmup_from_zero=False, schedule="cosine", optimizer="adamw", weight_decay=0.0,
+                  step_weight_decay=0.8, epochs=1, max_steps=None, max_tokens_per_batch=8192, tokens_per_step=8192,
+                  lr=1e-4, warmup=0, warmup_from_zero=False, schedule="cosine", optimizer="adamw", weight_decay=0.0,
                   muon_lr=None, muon_weight_decay=0.1, adamw_betas=(0.9, 0.95), max_grad_norm=0.5,
-                  supervise="in_draft_vocab", mask_alignment="predicted", length_sorted=True,
-                  packed_steps=False, temperature=1.0, tv_weight=0.0, train_lm_head=True, init_std=None, heldout_fraction=0.0, init_from=None,
-                  drafter_geometry=None, log_every=10, verifier_name_or_path=None, export_dtype=None, num_workers=0,
-                  pin_memory=False, activation_checkpointing=False, bf16=None, device=None, trained_config_path=None,
-                  resume_dir=None, checkpoint_every=50, num_processes=1, nnodes=1, launcher="", tracking=None):
+                  supervise="in_draft_vocab", mask_alignment="predicted", length_sorted=True, packed_steps=False,
+                  temperature=1.0, tv_weight=0.0, train_lm_head=True, init_std=None, heldout_fraction=0.0,
+                  init_from=None, drafter_geometry=None, log_every=10, verifier_name_or_path=None, export_dtype=None,
+                  num_workers=0, pin_memory=False, activation_checkpointing=False, bf16=None, device=None,
+                  trained_config_path=None, resume_dir=None, checkpoint_every=50, num_processes=1, nnodes=1,
+                  launcher="", tracking=None):
     """Train a drafter; write it to out_dir (speculators format) and a TSV log, atomically.
 
     Trains max_steps optimizer steps if given, else `epochs` passes over the samples that are
@@ -137,12 +138,11 @@ def train_drafter(shard_paths, manifest_path, d2t_path, t2d_path, target_dir, ou
     seed on CPU. `trained_config_path`: where to write the DrafterConfig as trained (JSON), what the
     pre-flight check and evaluate_vllm hold the export and vLLM's reading of it against.
 
-    The recipe, each setting explained in docs/TRAINING.md "Recipe": `optimizer`, `lr`, `muon_lr`
-    (None: lr), `weight_decay`, `muon_weight_decay`, `adamw_betas` (eaglenest.train.optim);
-    `schedule`, `warmup`, `warmup_from_zero`, `max_grad_norm`; `supervise`, `mask_alignment`, `temperature` (resolved
-    before: eaglenest.workflow.serving.fitted_temperature) and `tv_weight` (eaglenest.train.loss);
-    `length_sorted`, `packed_steps` (eaglenest.train.batches); `init_std`, `train_lm_head` (False: the target's
-    rows, frozen).
+    The recipe, each setting explained in docs/TRAINING.md "Recipe": `optimizer`, `lr`, `muon_lr` (None: lr),
+    `weight_decay`, `muon_weight_decay`, `adamw_betas` (eaglenest.train.optim); `schedule`, `warmup`,
+    `warmup_from_zero`, `max_grad_norm`; `supervise`, `mask_alignment`, `temperature` (resolved before:
+    eaglenest.workflow.serving.fitted_temperature) and `tv_weight` (eaglenest.train.loss); `length_sorted`,
+    `packed_steps` (eaglenest.train.batches); `init_std`, `train_lm_head` (False: the target's rows, frozen).
 
     `resume_dir`: a directory of training's own (deleted on success). Every checkpoint_every
     steps the loop state goes there; a rerun of the same run (see run_key) resumes from it and
@@ -162,14 +162,14 @@ def train_drafter(shard_paths, manifest_path, d2t_path, t2d_path, target_dir, ou
     if num_processes > 1 and not distributed:
         launch_workers(arguments)
         return
-    run = start_run(shard_paths, manifest, d2t_path, t2d_path, target_dir, distributed, seed=seed,
-                    ttt_steps=ttt_steps, epochs=epochs, max_steps=max_steps,
-                    max_tokens_per_batch=max_tokens_per_batch, tokens_per_step=tokens_per_step, lr=lr,
-                    warmup=warmup, warmup_from_zero=warmup_from_zero, schedule=schedule, optimizer=optimizer,
-                    weight_decay=weight_decay, muon_lr=muon_lr, muon_weight_decay=muon_weight_decay,
-                    adamw_betas=adamw_betas, mask_alignment=mask_alignment, length_sorted=length_sorted,
-                    packed_steps=packed_steps, train_lm_head=train_lm_head, init_std=init_std,
-                    heldout_fraction=heldout_fraction, init_from=init_from, drafter_geometry=drafter_geometry, device=device)
+    run = start_run(shard_paths, manifest, d2t_path, t2d_path, target_dir, distributed, seed=seed, ttt_steps=ttt_steps,
+                    epochs=epochs, max_steps=max_steps, max_tokens_per_batch=max_tokens_per_batch,
+                    tokens_per_step=tokens_per_step, lr=lr, warmup=warmup, warmup_from_zero=warmup_from_zero,
+                    schedule=schedule, optimizer=optimizer, weight_decay=weight_decay, muon_lr=muon_lr,
+                    muon_weight_decay=muon_weight_decay, adamw_betas=adamw_betas, mask_alignment=mask_alignment,
+                    length_sorted=length_sorted, packed_steps=packed_steps, train_lm_head=train_lm_head,
+                    init_std=init_std, device=device, heldout_fraction=heldout_fraction, init_from=init_from,
+                    drafter_geometry=drafter_geometry)
     run.drafter.activation_checkpointing = activation_checkpointing
     this_run = run_key(arguments) if resume_dir else None
     progress = Progress()
