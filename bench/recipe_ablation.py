@@ -79,6 +79,11 @@ VARIANTS = {
     # nor these: the total variation distance beside the soft CE (docs/TRAINING.md, "Recipe")
     "tv": ({"tv_weight": 1.0}, {}),
     "tv_half": ({"tv_weight": 0.5}, {}),
+    "tv_double": ({"tv_weight": 2.0}, {}),
+    # Muon at twice and half `lr`, over the adopted muon+tv+norms (theirs: `muon_lr` = `lr`)
+    "muon_2lr": ({"muon_lr": 0.006}, {}),
+    "muon_half_lr": ({"muon_lr": 0.0015}, {}),
+    "muon_no_decay": ({"muon_weight_decay": 0.0}, {}),  # theirs: 0.1
 }
 THEIRS = ("muon", "linear", "equal_steps", "supervise_all", "frozen_lm_head", "norms", "init", "betas", "input_mask",
           "shuffled")
