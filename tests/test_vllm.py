@@ -23,7 +23,7 @@ from conftest import FAST, REPO, edit_config, snakemake
 from eaglenest.data.samples import is_heldout
 from eaglenest.data.target import read_target_tensors, target_architectures
 from eaglenest.drafter.export import export_eagle, write_drafter
-from eaglenest.drafter.load import load_drafter
+from eaglenest.drafter.load import drafter_from_state, load_drafter
 from eaglenest.drafter.model import Drafter
 from eaglenest.data.tokenizer import load_tokenizer, special_token_id
 from eaglenest.evaluate.agreement import evaluate_vllm
@@ -273,8 +273,8 @@ def test_the_agreement_check_names_what_vllm_read_differently(built, tmp_path):
     results = built / "results"
     trained = load_drafter(results / "drafter")
     config = dataclasses.replace(trained.config, norm_before_residual=False, norm_before_fc=False, norm_output=False)
-    plain = Drafter(config)
-    plain.load_state_dict({k: v for k, v in trained.state_dict().items() if not k.startswith("input_norm")}, strict=False)
+    plain = drafter_from_state(config, {name: tensor for name, tensor in trained.state_dict().items()
+                                        if not name.startswith("input_norm")})
     drafter = write_variant(built, tmp_path, "plain", plain)
     exported = json.loads((drafter / "config.json").read_text())
     exported["norm_before_residual"] = True
