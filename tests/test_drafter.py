@@ -29,11 +29,20 @@ LLAMA3 = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_fr
 NORM_FLAGS = ("norm_before_residual", "norm_before_fc", "norm_output")
 
 
-def make_drafter(seed=0, rope_scaling=None, **norm_flags):
+# A small mla layer: v_head_dim differs from qk's (16 + 16), as Kimi-K2.5's (128 vs 192) does.
+MLA = dict(layer="mla", num_key_value_heads=2, head_dim=16, q_lora_rank=48, kv_lora_rank=32, qk_nope_head_dim=16,
+           qk_rope_head_dim=16, v_head_dim=24)
+# Kimi-K2.5's form of YaRN (mscale = mscale_all_dim), over a short original context
+DEEPSEEK_YARN = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 8192, "beta_fast": 32,
+                 "beta_slow": 1, "mscale": 1.0, "mscale_all_dim": 1.0}
+
+
+def make_drafter(seed=0, rope_scaling=None, mla=None, **norm_flags):
     """A random drafter of the demo geometry (2 heads, 1 KV head, head_dim 64) and a random
     draft vocab; weights scaled up so that attention is far from uniform. norm_flags: the
-    DrafterConfig norm flags set (all False by default)."""
+    DrafterConfig norm flags set (all False by default). mla: the mla fields (e.g. MLA) instead."""
     torch.manual_seed(seed)
+    geometry = {"num_key_value_heads": 1, "head_dim": 64, **(mla or {})}
     config = DrafterConfig(
         target_vocab_size=V,
         draft_vocab_size=N,
@@ -41,11 +50,10 @@ def make_drafter(seed=0, rope_scaling=None, **norm_flags):
         target_hidden_size=H,
         intermediate_size=256,
         num_attention_heads=2,
-        num_key_value_heads=1,
-        head_dim=64,
         aux_layer_ids=[2, 4, 5],
         rope_theta=10000.0,
         rope_scaling=rope_scaling,
+        **geometry,
         **norm_flags,
     )
     drafter = Drafter(config)
@@ -191,6 +199,71 @@ def test_ttt_equals_incremental_drafting_with_kv_cache(flags):
         for k, logits in enumerate(incremental_drafting(drafter, input_ids, aux, anchor, K)):
             # float32 sums in another order: up to 2.3e-5 apart on one host's CPU (logits of ~0.02)
             torch.testing.assert_close(ttt[k][0, anchor], logits, atol=5e-5, rtol=2e-5)
+
+
+@pytest.mark.parametrize("mla", [MLA, {**MLA, "q_lora_rank": None}], ids=["q_lora", "q_proj"])
+@pytest.mark.parametrize("rope_scaling", [None, DEEPSEEK_YARN], ids=["plain", "yarn"])
+@torch.no_grad()
+def test_mla_ttt_equals_incremental_drafting_with_kv_cache(mla, rope_scaling):
+    """The mla layer (q/k of one width, v of another) through the same TTT and KV-cache machinery."""
+    drafter = make_drafter(mla=mla, rope_scaling=rope_scaling, norm_before_residual=True)
+    T, K = 14, 4
+    input_ids, aux = random_inputs(1, T)
+    ttt = drafter(input_ids, aux, K)
+    for anchor in (0, 1, 5, T - K - 1):
+        for k, logits in enumerate(incremental_drafting(drafter, input_ids, aux, anchor, K)):
+            torch.testing.assert_close(ttt[k][0, anchor], logits, atol=5e-5, rtol=2e-5)
+
+
+@pytest.mark.parametrize("theta, scaling", [(10000.0, None), (50000.0, DEEPSEEK_YARN),
+                                            (10000.0, {**DEEPSEEK_YARN, "mscale": 0.707, "mscale_all_dim": 0}),
+                                            (10000.0, {**DEEPSEEK_YARN, "attention_factor": 1.0})])
+def test_mla_rope_and_softmax_scale_match_vllm(theta, scaling):
+    """The mla layer's rope is what vLLM's DeepseekV2MLAAttention builds from the exported
+    rope_parameters (plain or DeepseekScalingRotaryEmbedding, interleaved: is_neox_style=False),
+    and its softmax scale that attention's `scaling` (deepseek_v2.py:1044, 1115-1136)."""
+    import math
+
+    from vllm.config import VllmConfig, set_current_vllm_config
+    from vllm.model_executor.layers.rotary_embedding import get_rope
+    from vllm.model_executor.models.deepseek_v2 import yarn_get_mscale
+
+    scaling = checked_rope_scaling(scaling, 2048)
+    attention = model.MLAttention(make_drafter(mla=MLA, rope_scaling=scaling).config)
+    parameters = {**(scaling or {}), "rope_theta": theta}
+    if scaling:  # as deepseek_v2.py:1115-1120 renames it
+        parameters["rope_type"] = "deepseek_llama_scaling" if scaling.get("attention_factor") == 1.0 else "deepseek_yarn"
+    with set_current_vllm_config(VllmConfig()):
+        rope = get_rope(16, max_position=2048, rope_parameters=parameters, is_neox_style=False, dtype=torch.float32)
+    cos, sin = rope_cos_sin(torch.arange(len(rope.cos_sin_cache)), 16, theta, model.mla_rope_scaling(scaling))
+    torch.testing.assert_close(torch.cat([cos, sin], dim=-1), rope.cos_sin_cache, atol=1e-6, rtol=1e-6)
+    positions = torch.tensor([0, 1, 7, 300, 2047])
+    q, k = torch.randn(5, 2, 16), torch.randn(5, 1, 16)
+    q_vllm, k_vllm = rope.forward_native(positions, q.clone(), k.clone())
+    mine = model.mla_rope_scaling(scaling)
+    torch.testing.assert_close(apply_rope(q, positions, theta, mine, interleaved=True), q_vllm)
+    torch.testing.assert_close(apply_rope(k, positions, theta, mine, interleaved=True), k_vllm)
+
+    vllm_scaling = 32 ** -0.5  # deepseek_v2.py:1044, then 1129-1136
+    if parameters.get("rope_type") == "deepseek_yarn":
+        vllm_scaling *= yarn_get_mscale(scaling["factor"], float(scaling.get("mscale_all_dim", False))) ** 2
+    assert math.isclose(attention.softmax_factor / math.sqrt(32), vllm_scaling, rel_tol=1e-12)
+
+
+def test_mla_config_is_checked_and_a_gqa_config_keeps_its_fields():
+    with pytest.raises(ValueError, match="layer mla needs"):
+        make_drafter(mla={**MLA, "kv_lora_rank": None})
+    with pytest.raises(ValueError, match="head_dim must be qk_rope_head_dim"):
+        make_drafter(mla={**MLA, "head_dim": 32})
+    with pytest.raises(ValueError, match="rope_type 'llama3'"):
+        make_drafter(mla=MLA, rope_scaling=LLAMA3)
+    with pytest.raises(ValueError, match="layer gqa has no"):
+        make_drafter(mla={"kv_lora_rank": 32})
+    gqa = make_drafter().config.to_dict()
+    assert "layer" not in gqa and "kv_lora_rank" not in gqa  # trained_config.json as before mla
+    assert DrafterConfig(**gqa) == make_drafter().config
+    mla = make_drafter(mla=MLA).config
+    assert DrafterConfig(**mla.to_dict()) == mla
 
 
 @pytest.mark.parametrize("flag", NORM_FLAGS)

@@ -1,4 +1,4 @@
-"""The EAGLE-3 drafter: one Llama decoder layer fed by the target, as vLLM runs it.
+"""The EAGLE-3 drafter: one decoder layer fed by the target, as vLLM runs it.
 
 Mirrors vLLM's `Eagle3LlamaForCausalLM` (vllm/model_executor/models/llama_eagle3.py):
 
@@ -16,9 +16,15 @@ Mirrors vLLM's `Eagle3LlamaForCausalLM` (vllm/model_executor/models/llama_eagle3
     feeds the second one back (`aux_output = hidden_prenorm`), or h = norm(out) (norm_output=True).
 The three norm flags are the "EAGLE 3.1" variants vLLM reads from both export formats.
 
-Parameter and buffer names are the speculators weight names, so export is a state_dict save.
-RoPE is computed as vLLM computes it for the drafter's Llama layer (`get_rope`): plain, YaRN or
-Llama 3's.
+Two kinds of layer (DrafterConfig.layer), the same around the attention:
+  "gqa": Llama attention, q/k/v/o_proj (vLLM's `Eagle3LlamaForCausalLM`);
+  "mla": DeepSeek's multi-head latent attention (MLAttention), the layer of vLLM's
+         `Eagle3DeepseekV2ForCausalLM` (vllm/model_executor/models/deepseek_eagle3.py), whose MLP
+         is a dense one like the Llama layer's.
+
+Parameter and buffer names are the weight names vLLM loads, so export is a state_dict save.
+RoPE is computed as vLLM computes it for each layer (`get_rope`): for gqa plain, YaRN or Llama 3's,
+rotate-half; for mla plain or DeepSeek's YaRN, on the rope part of q and k only, interleaved.
 """
 
 import math
@@ -48,12 +54,41 @@ class DrafterConfig:
     norm_before_residual: bool = False
     norm_before_fc: bool = False  # an RMSNorm (input_norm) over the 3 aux states fc reads
     norm_output: bool = False  # the next step reads the normed output, not the pre-norm one
+    layer: str = "gqa"  # "gqa": Llama attention; "mla": DeepSeek's latent attention (module docstring)
+    # mla only (None for gqa): DeepseekV2MLAAttention's geometry. head_dim is qk_rope_head_dim and
+    # num_key_value_heads num_attention_heads there, as transformers' DeepseekV2Config derives them.
+    q_lora_rank: int | None = None  # None: q_proj straight from 2H, else q_a_proj -> q_a_layernorm -> q_b_proj
+    kv_lora_rank: int | None = None  # width of the compressed kv (kv_a_proj_with_mqa's first part)
+    qk_nope_head_dim: int | None = None  # per head: the part of q and k without rope
+    qk_rope_head_dim: int | None = None  # per head: the part with rope (k's shared by all heads)
+    v_head_dim: int | None = None
 
     def __post_init__(self):
         self.rope_scaling = checked_rope_scaling(self.rope_scaling, self.max_position_embeddings)
+        mla = {name: getattr(self, name) for name in MLA_FIELDS}
+        if self.layer == "gqa":
+            if set_fields := [name for name, value in mla.items() if value is not None]:
+                raise ValueError(f"layer gqa has no {set_fields}")
+        elif self.layer == "mla":
+            if missing := [name for name, value in mla.items() if value is None and name != "q_lora_rank"]:
+                raise ValueError(f"layer mla needs {missing}")
+            if (self.head_dim, self.num_key_value_heads) != (self.qk_rope_head_dim, self.num_attention_heads):
+                raise ValueError("layer mla: head_dim must be qk_rope_head_dim and num_key_value_heads "
+                                 "num_attention_heads (as DeepseekV2Config derives them)")
+            checked_mla_rope(self.rope_scaling)
+        else:
+            raise ValueError(f"layer {self.layer!r} is neither gqa nor mla")
 
     def to_dict(self):
-        return asdict(self)
+        """The fields; a gqa config without the mla ones (its trained_config.json as before mla)."""
+        fields = asdict(self)
+        if self.layer == "gqa":
+            for name in ("layer", *MLA_FIELDS):
+                del fields[name]
+        return fields
+
+
+MLA_FIELDS = ("q_lora_rank", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim")
 
 
 # What the drafter computes, with the keys vLLM's get_rope reads for each (the required ones
@@ -92,6 +127,38 @@ def checked_rope_scaling(scaling, max_position_embeddings):
             "(original_max_position_embeddings × factor)"
         )
     return {"rope_type": "yarn", **params}
+
+
+def checked_mla_rope(scaling):
+    """Refuse a checked_rope_scaling() result the mla layer would not compute as vLLM does: its
+    attention turns every rope_type but default into DeepSeek's YaRN (deepseek_v2.py:1115-1120),
+    which always truncates the ramp (common.py yarn_find_correction_range)."""
+    if scaling is None:
+        return
+    if scaling["rope_type"] != "yarn":
+        raise ValueError(f"layer mla: rope_type {scaling['rope_type']!r} (vLLM's MLA computes plain RoPE or DeepSeek's YaRN)")
+    if not scaling.get("truncate", True):
+        raise ValueError("layer mla: YaRN truncate false (vLLM's DeepSeek YaRN always truncates)")
+
+
+def mla_rope_scaling(scaling):
+    """The YaRN of vLLM's DeepseekScalingRotaryEmbedding in rope_frequencies' terms: its cos/sin
+    magnitude mscale(factor, mscale) / mscale(factor, mscale_all_dim) (defaults 1 and 0, whatever
+    attention_factor says) given as attention_factor, the ramp truncated."""
+    if scaling is None:
+        return None
+    factor = scaling["factor"]
+    magnitude = yarn_mscale(factor, float(scaling.get("mscale", 1))) / yarn_mscale(factor, float(scaling.get("mscale_all_dim", 0)))
+    return {**scaling, "attention_factor": magnitude, "truncate": True}
+
+
+def mla_softmax_factor(scaling):
+    """What vLLM multiplies the MLA softmax scale qk_head_dim^-0.5 by (deepseek_v2.py:1129-1136):
+    mscale(factor, mscale_all_dim)² under DeepSeek YaRN; 1 for plain RoPE and for
+    `deepseek_llama_scaling` (attention_factor 1.0)."""
+    if scaling is None or scaling.get("attention_factor") == 1.0:
+        return 1.0
+    return yarn_mscale(scaling["factor"], float(scaling.get("mscale_all_dim", False))) ** 2
 
 
 class RMSNorm(nn.Module):
@@ -169,9 +236,15 @@ def rope_cos_sin(positions, dim, theta, scaling=None):
     return freqs.cos() * mscale, freqs.sin() * mscale
 
 
-def apply_rope(x, positions, theta, scaling=None):
-    """Rotate-half (neox) RoPE. x [B, T, heads, D], positions [B, T] or [T] -> [B, T, heads, D]."""
+def apply_rope(x, positions, theta, scaling=None, interleaved=False):
+    """Rotate-half (neox) RoPE, or with `interleaved` GPT-J's (vLLM's is_neox_style=False: pairs of
+    adjacent dims). x [B, T, heads, D], positions [B, T] or [T] -> [B, T, heads, D]."""
     cos, sin = rope_cos_sin(positions, x.shape[-1], theta, scaling)
+    if interleaved:
+        cos, sin = cos.repeat_interleave(2, -1)[..., None, :], sin.repeat_interleave(2, -1)[..., None, :]
+        x1, x2 = x.float()[..., ::2], x.float()[..., 1::2]
+        rotated = torch.stack([-x2, x1], dim=-1).flatten(-2)
+        return (x.float() * cos + rotated * sin).to(x.dtype)
     cos, sin = torch.cat([cos, cos], dim=-1)[..., None, :], torch.cat([sin, sin], dim=-1)[..., None, :]  # [..., T, 1, D]
     x1, x2 = x.float().chunk(2, dim=-1)
     rotated = torch.cat([-x2, x1], dim=-1)
@@ -198,11 +271,11 @@ ATTENTION_BLOCK = 512
 def ttt_attention(q, keys, values):
     """Attention of one TTT step, for every anchor t at once.
 
-    q [B, T, nh, D]; keys/values: lists of [B, T, nkv, D] (after RoPE), entry 0 from step 0,
+    q [B, T, nh, D]; keys/values: lists of [B, T, nkv, D] / [B, T, nkv, Dv] (after RoPE), entry 0 from step 0,
     entry s from step s. Query t of step k attends the step-0 keys at anchors 0..t (causal)
     and the keys of steps 1..k at its own anchor t (the diagonal): the drafter's KV cache in
     vLLM while it drafts from anchor t. One softmax over both parts. Right padding only adds
-    anchors after t, which the causal part never sees. Returns [B, T, nh, D].
+    anchors after t, which the causal part never sees. Returns [B, T, nh, Dv].
 
     Computed ATTENTION_BLOCK queries at a time, each block checkpointed when grad is on: backward
     recomputes a block's scores instead of keeping them, so a step retains q, keys, values and
@@ -223,13 +296,13 @@ def ttt_attention(q, keys, values):
 
 
 def ttt_attention_block(q, keys, values, start):
-    """ttt_attention of the n queries q [B, n, nh, D] at anchors start..start+n-1 -> [B, n, nh, D].
+    """ttt_attention of the n queries q [B, n, nh, D] at anchors start..start+n-1 -> [B, n, nh, Dv].
     keys[0], values[0]: step 0's from anchor 0 on, [B, >= start+n, nkv, D] (those past start+n
     unused: causal); keys[s], values[s] for s >= 1: step s's at these n anchors, [B, n, nkv, D].
     Scores are [.., n, start+n+k]. GQA without copying keys: the `group` query heads of one kv
     head are one batch of queries."""
     B, n, nh, D = q.shape
-    nkv, end = keys[0].shape[2], start + n
+    nkv, end, Dv = keys[0].shape[2], start + n, values[0].shape[-1]
     group = nh // nkv  # query head h reads kv head h // group
     q = q.reshape(B, n, nkv, group, D).permute(0, 2, 3, 1, 4) / math.sqrt(D)  # [B, nkv, group, n, D]
     k0 = keys[0][:, :end].transpose(1, 2)  # [B, nkv, end, D]
@@ -240,10 +313,10 @@ def ttt_attention_block(q, keys, values, start):
     diagonal = [(q * k.transpose(1, 2)[:, :, None]).sum(-1, keepdim=True) for k in keys[1:]]  # [B, nkv, group, n, 1]
     scores = torch.cat([causal, *diagonal], dim=-1)  # [B, nkv, group, n, end + k]
     probs = scores.float().softmax(-1).to(q.dtype)
-    out = (probs[..., :end].reshape(B, nkv, group * n, end) @ v0).view(B, nkv, group, n, D)
+    out = (probs[..., :end].reshape(B, nkv, group * n, end) @ v0).view(B, nkv, group, n, Dv)
     for s, v in enumerate(values[1:]):
         out = out + probs[..., end + s, None] * v.transpose(1, 2)[:, :, None]
-    return out.permute(0, 3, 1, 2, 4).reshape(B, n, nh, D)
+    return out.permute(0, 3, 1, 2, 4).reshape(B, n, nh, Dv)
 
 
 def ttt_attend(keys, values, step):
@@ -301,6 +374,48 @@ class Attention(nn.Module):
         return self.o_proj(attend(q, k, v).reshape(B, T, -1))
 
 
+class MLAttention(nn.Module):
+    """DeepSeek's multi-head latent attention as vLLM's DeepseekV2MLAAttention computes it
+    (vllm/model_executor/models/deepseek_v2.py:1000, the math of layers/mla.py:163-255), input 2H
+    as the Eagle3 layer builds it (deepseek_eagle3.py:82: every projection from the input takes 2H).
+    Written out, not absorbed: k and v per head, which the TTT/KV-cache `attend` takes as it is."""
+
+    def __init__(self, c):
+        super().__init__()
+        self.num_heads, self.kv_lora_rank = c.num_attention_heads, c.kv_lora_rank
+        self.nope, self.rope, self.v_head_dim = c.qk_nope_head_dim, c.qk_rope_head_dim, c.v_head_dim
+        self.rope_theta, self.rope_scaling = c.rope_theta, mla_rope_scaling(c.rope_scaling)
+        self.softmax_factor = mla_softmax_factor(c.rope_scaling)  # on q: attend scales by qk_head_dim^-0.5
+        qk_head_dim, heads = self.nope + self.rope, c.num_attention_heads
+        if c.q_lora_rank is None:
+            self.q_proj = nn.Linear(2 * c.hidden_size, heads * qk_head_dim, bias=False)
+        else:
+            self.q_a_proj = nn.Linear(2 * c.hidden_size, c.q_lora_rank, bias=False)
+            self.q_a_layernorm = RMSNorm(c.q_lora_rank, c.rms_norm_eps)
+            self.q_b_proj = nn.Linear(c.q_lora_rank, heads * qk_head_dim, bias=False)
+        self.kv_a_proj_with_mqa = nn.Linear(2 * c.hidden_size, c.kv_lora_rank + self.rope, bias=False)
+        self.kv_a_layernorm = RMSNorm(c.kv_lora_rank, c.rms_norm_eps)
+        self.kv_b_proj = nn.Linear(c.kv_lora_rank, heads * (self.nope + self.v_head_dim), bias=False)
+        self.o_proj = nn.Linear(heads * self.v_head_dim, c.hidden_size, bias=False)
+
+    def forward(self, x, positions, attend):
+        """x [B, T, 2H] -> [B, T, H]; `attend` as Attention's, with q, k [B, T, nh, nope + rope]
+        and v [B, T, nh, v_head_dim]."""
+        B, T, _ = x.shape
+        q = self.q_proj(x) if hasattr(self, "q_proj") else self.q_b_proj(self.q_a_layernorm(self.q_a_proj(x)))
+        q_nope, q_pe = q.view(B, T, self.num_heads, self.nope + self.rope).split([self.nope, self.rope], dim=-1)
+        compressed, k_pe = self.kv_a_proj_with_mqa(x).split([self.kv_lora_rank, self.rope], dim=-1)
+        kv = self.kv_b_proj(self.kv_a_layernorm(compressed)).view(B, T, self.num_heads, self.nope + self.v_head_dim)
+        k_nope, v = kv.split([self.nope, self.v_head_dim], dim=-1)
+        q_pe = apply_rope(q_pe, positions, self.rope_theta, self.rope_scaling, interleaved=True)
+        k_pe = apply_rope(k_pe[:, :, None], positions, self.rope_theta, self.rope_scaling, interleaved=True)  # one for all heads
+        q = torch.cat([q_nope, q_pe], dim=-1)
+        if self.softmax_factor != 1.0:
+            q = q * self.softmax_factor
+        k = torch.cat([k_nope, k_pe.expand(B, T, self.num_heads, self.rope)], dim=-1)
+        return self.o_proj(attend(q, k, v).reshape(B, T, -1))
+
+
 class MLP(nn.Module):
     def __init__(self, c):
         super().__init__()
@@ -318,7 +433,7 @@ class DecoderLayer(nn.Module):
         self.norm_before_residual = c.norm_before_residual
         self.input_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps)
         self.hidden_norm = RMSNorm(c.hidden_size, c.rms_norm_eps)
-        self.self_attn = Attention(c)
+        self.self_attn = MLAttention(c) if c.layer == "mla" else Attention(c)
         self.post_attention_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps)
         self.mlp = MLP(c)
 
@@ -390,7 +505,7 @@ class Drafter(nn.Module):
         T = input_ids.shape[1]
         positions = torch.arange(T, device=input_ids.device)
         hidden = self.fuse(aux_hidden_states)  # [B, T, H]
-        keys, values = [None] * num_steps, [None] * num_steps  # step s's [B, T, nkv, D], after RoPE
+        keys, values = [None] * num_steps, [None] * num_steps  # step s's [B, T, nkv, D] / [.., Dv], after RoPE
         logits = []
         for k in range(num_steps):
             tokens = shift_left(input_ids, k + 1, 0)
