@@ -14,6 +14,7 @@ import torch
 from safetensors.torch import load_file
 
 from eaglenest.data.target import target_architectures, target_config
+from eaglenest.drafter.export import MLA_ARCHITECTURE
 from eaglenest.drafter.load import NORM_FLAGS, read_checkpoint
 from eaglenest.states.manifest import read_manifest
 from eaglenest.workflow.atomic import write_json
@@ -45,11 +46,17 @@ def drafter_problems(drafter_dir, manifest, d2t, t2d, target_dir):
     config = json.loads((Path(drafter_dir) / "config.json").read_text())
     weights = load_file(str(Path(drafter_dir) / "model.safetensors"))
     target = target_config(target_dir)
-    layer = config.get("transformer_layer_config", {})
     V, H = target["vocab_size"], target["hidden_size"]
     problems = []
-    if config.get("speculators_model_type") != "eagle3":
-        return ["config.json is not a speculators-format EAGLE-3 drafter"]
+    if config.get("model_type") == "deepseek_v3":
+        return ["config.json says model_type deepseek_v3, which vLLM serves as an MTP model, not EAGLE-3 "
+                "(config/speculative.py:679-693): write deepseek_v2"]
+    if config.get("architectures") == [MLA_ARCHITECTURE] and config.get("model_type") == "deepseek_v2":
+        layer, verifier, flags = config, config.get("verifier", {}), {"norm_before_residual": False, "norm_output": False}
+    elif config.get("speculators_model_type") == "eagle3":
+        layer, verifier, flags = config.get("transformer_layer_config", {}), config.get("speculators_config", {}).get("verifier", {}), NORM_FLAGS
+    else:
+        return [f"config.json is neither a speculators-format EAGLE-3 drafter nor a deepseek_v2 {MLA_ARCHITECTURE}"]
     aux = config.get("eagle_aux_hidden_state_layer_ids")
     if not (isinstance(aux, list) and len(aux) == 3 and len(set(aux)) == 3 and all(0 <= k < target["num_hidden_layers"] for k in aux)):
         problems.append(f"eagle_aux_hidden_state_layer_ids {aux} are not 3 distinct ids in [0, {target['num_hidden_layers']})")
@@ -58,9 +65,9 @@ def drafter_problems(drafter_dir, manifest, d2t, t2d, target_dir):
             f"eagle_aux_hidden_state_layer_ids {aux} differ from the hidden states' {manifest['aux_layer_ids']} "
             "(vLLM's convention: id k = the input of layer k; SGLang's ids are one lower)"
         )
-    for flag in NORM_FLAGS:  # vLLM reads an unwritten one as its default, whatever training used
+    for flag in flags:  # vLLM reads an unwritten one as its default, whatever training used
         if not isinstance(config.get(flag), bool):
-            problems.append(f"{flag} is not written as true or false (vLLM would read its default, {NORM_FLAGS[flag]})")
+            problems.append(f"{flag} is not written as true or false (vLLM would read its default, {flags[flag]})")
     if config.get("norm_before_fc") and tuple(getattr(weights.get("input_norm.weight"), "shape", ())) != (3 * H,):
         problems.append(f"norm_before_fc is true but input_norm.weight is not a [{3 * H}] tensor")
     if layer.get("vocab_size") != V or config.get("target_hidden_size") != H:
@@ -82,7 +89,6 @@ def drafter_problems(drafter_dir, manifest, d2t, t2d, target_dir):
     bad = [name for name, w in weights.items() if w.is_floating_point() and not bool(torch.isfinite(w).all())]
     if bad:
         problems.append(f"non-finite weights in {bad}")
-    verifier = config.get("speculators_config", {}).get("verifier", {})
     if os.path.realpath(verifier.get("name_or_path", "")) != os.path.realpath(target_dir):
         problems.append(f"the config names verifier {verifier.get('name_or_path')!r}, not the target {str(target_dir)!r}")
     if verifier.get("architectures") != target_architectures(target_dir):

@@ -8,7 +8,8 @@ import torch
 from safetensors import safe_open
 
 from eaglenest.data.target import rope_settings
-from eaglenest.drafter.model import Drafter, DrafterConfig
+from eaglenest.drafter.export import MLA_ARCHITECTURE
+from eaglenest.drafter.model import MLA_FIELDS, Drafter, DrafterConfig
 
 # Options of vLLM's Eagle3 Llama drafter that ours does not implement: refuse, not ignore.
 UNSUPPORTED_FLAGS = ("fc_norm", "attention_bias", "mlp_bias")
@@ -34,14 +35,29 @@ def read_checkpoint(path):
 
     Speculators format: config has `speculators_model_type`, weights `layers.0.*`.
     EAGLE/SGLang format: a Llama config (`LlamaForCausalLMEagle3`), weights `midlayer.*`,
-    aux ids under `eagle_config`. Defaults follow vLLM's for each format. A missing d2t means
+    aux ids under `eagle_config`. An mla drafter: a deepseek_v2 config naming
+    Eagle3DeepseekV2ForCausalLM (export.mla_config), weights `layers.0.*`; norm_before_fc read as
+    False, as vLLM's layer has none; model_type deepseek_v3 refused (vLLM would serve an MTP model).
+    Defaults follow vLLM's for each format. A missing d2t means
     the draft vocab is the target vocab; a missing embed_tokens is left out of the state.
     The RoPE is the checkpoint's, scaling included: a type the drafter does not compute is a
     ValueError naming it.
     """
     path = Path(path)
     config = json.loads((path / "config.json").read_text())
-    if "speculators_model_type" in config:
+    mla = {}
+    if config.get("model_type") in ("deepseek_v2", "deepseek_v3") or config.get("architectures") == [MLA_ARCHITECTURE]:
+        if config.get("model_type") != "deepseek_v2":
+            raise ValueError(f"model_type {config.get('model_type')!r}: vLLM serves an EAGLE-3 mla drafter only as deepseek_v2 "
+                             "(deepseek_v3 becomes an MTP model, config/speculative.py:679-693)")
+        layer = flags = config
+        norms = {flag: config.get(flag, False) for flag in NORM_FLAGS}  # deepseek_eagle3.py:101, 222
+        norms["norm_before_fc"] = False  # that layer has no input_norm
+        aux_layer_ids = config.get("eagle_aux_hidden_state_layer_ids") or (config.get("eagle_config") or {}).get(
+            "eagle_aux_hidden_state_layer_ids")
+        mla = {"layer": "mla", **{name: config.get(name) for name in MLA_FIELDS},
+               "head_dim": config.get("qk_rope_head_dim"), "num_key_value_heads": config["num_attention_heads"]}
+    elif "speculators_model_type" in config:
         if config["speculators_model_type"] != "eagle3":
             raise ValueError(f"not an EAGLE-3 drafter: {config['speculators_model_type']}")
         layer = config["transformer_layer_config"]
@@ -61,7 +77,7 @@ def read_checkpoint(path):
     if unsupported := [name for name in UNSUPPORTED_FLAGS if flags.get(name)]:
         raise ValueError(f"drafter options not implemented here: {unsupported}")
     if layer.get("num_hidden_layers", 1) != 1 or layer.get("hidden_act", "silu") != "silu":
-        raise ValueError("only one silu Llama decoder layer is implemented")
+        raise ValueError("only one silu decoder layer is implemented")
     if aux_layer_ids is not None and len(aux_layer_ids) != 3:
         raise ValueError(f"EAGLE-3 needs 3 aux layer ids, got {aux_layer_ids}")
 
@@ -70,6 +86,8 @@ def read_checkpoint(path):
     num_heads = layer["num_attention_heads"]
     target_vocab_size = layer["vocab_size"]
     draft_vocab_size = config.get("draft_vocab_size") or target_vocab_size
+    geometry = {"num_key_value_heads": layer.get("num_key_value_heads", num_heads),
+                "head_dim": layer.get("head_dim") or hidden_size // num_heads, **mla}
     drafter_config = DrafterConfig(
         target_vocab_size=target_vocab_size,
         draft_vocab_size=draft_vocab_size,
@@ -77,8 +95,7 @@ def read_checkpoint(path):
         target_hidden_size=config.get("target_hidden_size") or hidden_size,
         intermediate_size=layer["intermediate_size"],
         num_attention_heads=num_heads,
-        num_key_value_heads=layer.get("num_key_value_heads", num_heads),
-        head_dim=layer.get("head_dim") or hidden_size // num_heads,
+        **geometry,
         aux_layer_ids=list(aux_layer_ids) if aux_layer_ids is not None else None,
         rms_norm_eps=layer.get("rms_norm_eps", 1e-6),
         rope_theta=rope_theta,

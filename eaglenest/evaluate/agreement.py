@@ -104,12 +104,16 @@ def misreadings(drafter, aux_layer_ids, num_layers):
     """The ways vLLM could read our drafter differently, as (description, drafter, aux ids): a norm
     flag that needs no weights of its own read the other way (with norm_output on, the next step's
     input is normed already, and norm_before_residual changes little), the aux layers shifted, d2t
-    read as absolute ids."""
+    read as absolute ids; for an mla drafter with YaRN, its rope read as plain (no YaRN frequencies
+    nor softmax mscale: what a rope_parameters key vLLM does not find would give)."""
     out = []
     for name in ("norm_before_residual", "norm_output"):
         flag = getattr(drafter.config, name)
         out.append((f"{name} read as {not flag} (trained with {flag})", load_drafter_copy(drafter, **{name: not flag}),
                     aux_layer_ids))
+    if drafter.config.layer == "mla" and drafter.config.rope_scaling:
+        out.append((f"rope read as plain RoPE (trained with {drafter.config.rope_scaling['rope_type']})",
+                     load_drafter_copy(drafter, rope_scaling=None), aux_layer_ids))
     out += [(description, drafter, ids) for description, ids in layer_misreadings(aux_layer_ids, num_layers)]
     absolute = load_drafter_copy(drafter)
     absolute.d2t.copy_(drafter.draft_to_target(torch.arange(len(drafter.d2t), device=drafter.d2t.device)))
