@@ -166,3 +166,37 @@ def test_init_from_keeps_its_own_rope_and_norm_flags(tmp_path):
     assert {flag: getattr(c, flag) for flag in flags} == flags
     c = drafter_config(kimi, init_config=init, geometry={"rope_theta": 1e6})  # unless asked
     assert (c.rope_theta, c.rope_scaling) == (1e6, KIMI_YARN)
+
+
+def test_kimi_k25_mla_geometry_is_the_targets_and_what_vllm_reads(tmp_path):
+    """drafter.layer mla: Kimi-K2.5's own MLA, its YaRN and its dense MLP width, written as vLLM's
+    Eagle3DeepseekV2ForCausalLM reads it (a deepseek_v2 config: transformers' DeepseekV2Config);
+    what vLLM could not serve is refused before training."""
+    from vllm.transformers_utils.config import get_config
+
+    from eaglenest.drafter.export import mla_config
+
+    kimi = target(tmp_path, json.loads(KIMI.read_text()))
+    c = drafter_config(kimi, geometry={"layer": "mla", "norm_before_fc": False})
+    assert c.layer == "mla" and (c.num_attention_heads, c.intermediate_size) == (64, 18432)
+    assert (c.q_lora_rank, c.kv_lora_rank, c.qk_nope_head_dim, c.qk_rope_head_dim, c.v_head_dim) == (1536, 512, 128, 64, 128)
+    assert (c.head_dim, c.num_key_value_heads) == (64, 64)  # as DeepseekV2Config derives them
+    assert (c.rope_theta, c.rope_scaling, c.max_position_embeddings) == (50000.0, KIMI_YARN, 262144)
+    out = tmp_path / "mla"
+    out.mkdir()
+    (out / "config.json").write_text(json.dumps(mla_config(c, verifier_name_or_path=kimi,
+                                                           verifier_architectures=target_architectures(kimi))))
+    hf = get_config(str(out), trust_remote_code=False)
+    assert (hf.model_type, hf.architectures) == ("deepseek_v2", ["Eagle3DeepseekV2ForCausalLM"])
+    assert (hf.q_lora_rank, hf.kv_lora_rank, hf.qk_nope_head_dim, hf.qk_rope_head_dim, hf.v_head_dim) == (1536, 512, 128, 64, 128)
+    assert (hf.hidden_size, hf.num_attention_heads, hf.intermediate_size, hf.num_hidden_layers) == (7168, 64, 18432, 1)
+    assert hf.rope_parameters == {**KIMI_YARN, "rope_theta": 50000.0}
+    assert (hf.eagle_aux_hidden_state_layer_ids, hf.norm_before_residual, hf.norm_output) == ([2, 30, 58], False, False)
+
+    trainable, frozen = parameter_counts(c)
+    print(f"Kimi-K2.5 mla drafter: {trainable:,} trainable, {frozen:,} frozen")
+    with pytest.raises(InputError, match="cannot have norm_before_fc"):
+        drafter_config(kimi, geometry={"layer": "mla", "norm_before_fc": True})
+    with pytest.raises(InputError, match="needs a q_lora_rank"):
+        drafter_config(target(tmp_path, {**json.loads(KIMI.read_text()), "text_config": {
+            **json.loads(KIMI.read_text())["text_config"], "q_lora_rank": None}}), geometry={"layer": "mla"})

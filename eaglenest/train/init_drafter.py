@@ -7,8 +7,9 @@ import math
 import torch
 
 from eaglenest.data.target import rope_settings, target_config
+from eaglenest.drafter.export import mla_export_problem
 from eaglenest.drafter.load import read_checkpoint
-from eaglenest.drafter.model import Drafter, DrafterConfig
+from eaglenest.drafter.model import MLA_FIELDS, Drafter, DrafterConfig
 from eaglenest.states.convention import FINAL_STATE_CONVENTION, resolve_aux_layer_ids
 from eaglenest.workflow.errors import InputError
 
@@ -58,16 +59,40 @@ def target_geometry(tc):
     }
 
 
+def mla_geometry(tc):
+    """The mla drafter geometry a target's text config implies: the target's MLA (ranks and head
+    dims; none on a target without MLA, to be set in config `drafter:`) and its rope, YaRN
+    included (Kimi-K2.5's `rope_scaling` with mscale and mscale_all_dim), and as intermediate_size
+    the target's `intermediate_size`: its dense layers' MLP (first_k_dense_replace), which the
+    drafter's dense MLP is, not an expert's (moe_intermediate_size)."""
+    rope_theta, rope_scaling = rope_settings(tc)
+    return {
+        "num_attention_heads": tc["num_attention_heads"],
+        "rms_norm_eps": tc.get("rms_norm_eps", 1e-6),
+        "max_position_embeddings": tc.get("max_position_embeddings", 32768),
+        **NORM_DEFAULTS,
+        "layer": "mla",
+        "intermediate_size": tc["intermediate_size"],
+        **{name: tc.get(name) for name in MLA_FIELDS},
+        "rope_theta": rope_theta,
+        "rope_scaling": rope_scaling,
+    }
+
+
 def make_drafter_config(target_dir, manifest, d2t, t2d, init_config=None, geometry=None):
     """Drafter geometry: the target's (target_geometry), replaced by an init_from checkpoint's
     (its weights must fit, and its q/k were trained with its own RoPE), replaced by the non-null
     `geometry` values (config `drafter:`). hidden_size is the target's (the drafter embeds with
-    the target's embed_tokens)."""
+    the target's embed_tokens). The layer is `geometry`'s, else the init_from drafter's, else
+    gqa; an mla layer starts from mla_geometry, and its head_dim and KV heads follow its MLA (as
+    DeepseekV2Config derives them)."""
     tc = target_config(target_dir)
     hidden_size = tc["hidden_size"]
     if manifest["hidden_size"] != hidden_size or manifest.get("final_state") != FINAL_STATE_CONVENTION:
         raise ValueError("shards do not match the target: hidden size or final state convention")
-    shape = target_geometry(tc)
+    geometry = {key: value for key, value in (geometry or {}).items() if value is not None}
+    layer = geometry.get("layer") or (init_config.layer if init_config is not None else "gqa")
+    shape = mla_geometry(tc) if layer == "mla" else target_geometry(tc)
     if init_config is not None:
         if (init_config.hidden_size, init_config.target_vocab_size) != (hidden_size, len(t2d)):
             raise ValueError("init_from drafter was made for a target of another size")
@@ -77,10 +102,12 @@ def make_drafter_config(target_dir, manifest, d2t, t2d, init_config=None, geomet
                 f"hold {manifest['aux_layer_ids']}: set hidden_states.aux_layer_ids to {init_config.aux_layer_ids}"
             )
         shape.update({key: getattr(init_config, key) for key in shape})
-    shape.update({key: value for key, value in (geometry or {}).items() if value is not None})
+    shape.update(geometry)
+    if layer == "mla":
+        shape.update(head_dim=shape["qk_rope_head_dim"], num_key_value_heads=shape["num_attention_heads"])
     log.info("drafter geometry: %s", shape)
     try:
-        return DrafterConfig(
+        config = DrafterConfig(
             target_vocab_size=len(t2d),
             draft_vocab_size=len(d2t),
             hidden_size=hidden_size,
@@ -88,9 +115,12 @@ def make_drafter_config(target_dir, manifest, d2t, t2d, init_config=None, geomet
             aux_layer_ids=list(manifest["aux_layer_ids"]),
             **shape,
         )
-    except ValueError as e:  # the RoPE: a type the drafter does not compute, or too few positions
+    except ValueError as e:  # the RoPE: a type the drafter does not compute, or too few positions; an mla field missing
         raise InputError(f"drafter: {e} (config drafter.rope_scaling, rope_theta, max_position_embeddings; "
-                         "rope_scaling {rope_type: default} is plain RoPE)") from e
+                         "rope_scaling {rope_type: default} is plain RoPE; drafter.layer and its MLA fields)") from e
+    if config.layer == "mla" and (problem := mla_export_problem(config)):
+        raise InputError(f"drafter: {problem} (config drafter.q_lora_rank, norm_before_fc)")
+    return config
 
 
 def planned_drafter_config(target_dir, *, aux_layer_ids, draft_vocab_size, init_from=None, geometry=None):
