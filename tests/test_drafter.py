@@ -12,8 +12,8 @@ from transformers import LlamaConfig
 from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding, apply_rotary_pos_emb
 
 from eaglenest.drafter import model
-from eaglenest.drafter.model import (Drafter, DrafterConfig, apply_rope, checked_rope_scaling, repeat_kv,
-                                     rope_cos_sin, ttt_attention)
+from eaglenest.drafter.model import Drafter, DrafterConfig, repeat_kv, ttt_attention
+from eaglenest.drafter.rope import apply_rope, checked_rope_scaling, mla_rope_scaling, rope_cos_sin
 from eaglenest.drafter.export import export_eagle, write_drafter
 from eaglenest.drafter.load import load_drafter, read_checkpoint
 
@@ -235,12 +235,12 @@ def test_mla_rope_and_softmax_scale_match_vllm(theta, scaling):
         parameters["rope_type"] = "deepseek_llama_scaling" if scaling.get("attention_factor") == 1.0 else "deepseek_yarn"
     with set_current_vllm_config(VllmConfig()):
         rope = get_rope(16, max_position=2048, rope_parameters=parameters, is_neox_style=False, dtype=torch.float32)
-    cos, sin = rope_cos_sin(torch.arange(len(rope.cos_sin_cache)), 16, theta, model.mla_rope_scaling(scaling))
+    cos, sin = rope_cos_sin(torch.arange(len(rope.cos_sin_cache)), 16, theta, mla_rope_scaling(scaling))
     torch.testing.assert_close(torch.cat([cos, sin], dim=-1), rope.cos_sin_cache, atol=1e-6, rtol=1e-6)
     positions = torch.tensor([0, 1, 7, 300, 2047])
     q, k = torch.randn(5, 2, 16), torch.randn(5, 1, 16)
     q_vllm, k_vllm = rope.forward_native(positions, q.clone(), k.clone())
-    mine = model.mla_rope_scaling(scaling)
+    mine = mla_rope_scaling(scaling)
     torch.testing.assert_close(apply_rope(q, positions, theta, mine, interleaved=True), q_vllm)
     torch.testing.assert_close(apply_rope(k, positions, theta, mine, interleaved=True), k_vllm)
 
@@ -556,3 +556,36 @@ def test_activation_checkpointing_changes_no_loss_or_gradient(monkeypatch):
     for grad, checkpointed in zip(grads, checkpointed_grads):
         torch.testing.assert_close(checkpointed, grad, atol=1e-6, rtol=1e-6)
     assert "activation_checkpointing" not in drafter.config.to_dict()
+
+
+def test_mla_export_reads_back_and_the_preflight_names_what_differs(tmp_path):
+    """The mla export (export.mla_config) reads back to the same DrafterConfig and weights; the
+    pre-flight names an mla field or rope that differs from training's, and refuses a deepseek_v3
+    config (vLLM would serve an MTP model); the SGLang form holds the same tensors, and is refused
+    for a norm_before_residual drafter (SGLang's layer has none)."""
+    from eaglenest.drafter.check import trained_config_problems
+
+    drafter = make_drafter(mla=MLA, rope_scaling=DEEPSEEK_YARN, norm_output=True)
+    write(drafter, tmp_path / "d")
+    config, state = read_checkpoint(tmp_path / "d")
+    assert config == drafter.config
+    assert all(torch.equal(state[name], tensor) for name, tensor in drafter.state_dict().items())
+    assert "layers.0.self_attn.kv_a_proj_with_mqa.weight" in state and "layers.0.self_attn.q_a_proj.weight" in state
+    trained = drafter.config.to_dict()
+    assert trained_config_problems(tmp_path / "d", trained) == []
+    assert trained_config_problems(tmp_path / "d", {**trained, "kv_lora_rank": 64}) == [
+        "kv_lora_rank is 32 in config.json, training used 64"]
+    assert "rope_scaling is" in trained_config_problems(tmp_path / "d", {**trained, "rope_scaling": None})[0]
+
+    export_eagle(tmp_path / "d", tmp_path / "sglang")
+    with safe_open(str(tmp_path / "sglang" / "model.safetensors"), framework="pt") as f:
+        assert sorted(f.keys()) == sorted(state) and all(torch.equal(f.get_tensor(n), state[n]) for n in f.keys())
+    assert read_checkpoint(tmp_path / "sglang")[0] == drafter.config
+    write(make_drafter(mla=MLA, norm_before_residual=True), tmp_path / "nbr")
+    with pytest.raises(ValueError, match="SGLang's Eagle3DeepseekV2ForCausalLM has no norm_before_residual"):
+        export_eagle(tmp_path / "nbr", tmp_path / "nbr_sglang")
+    assert not (tmp_path / "nbr_sglang").exists()
+
+    config_json = json.loads((tmp_path / "d" / "config.json").read_text())
+    (tmp_path / "d" / "config.json").write_text(json.dumps({**config_json, "model_type": "deepseek_v3"}))
+    assert "MTP model" in trained_config_problems(tmp_path / "d", trained)[0]

@@ -30,16 +30,31 @@ def _read_weights(directory):
     return state
 
 
+def mla_settings(config):
+    """(norm flags, aux layer ids, mla DrafterConfig fields) of an mla drafter's config.json
+    (export.mla_config), as vLLM reads it: norm_before_fc False, its layer having no input_norm;
+    model_type deepseek_v3 refused (vLLM would serve an MTP model)."""
+    if config.get("model_type") != "deepseek_v2":
+        raise ValueError(f"model_type {config.get('model_type')!r}: vLLM serves an EAGLE-3 mla drafter only as deepseek_v2 "
+                         "(deepseek_v3 becomes an MTP model, config/speculative.py:679-693)")
+    norms = {flag: config.get(flag, False) for flag in NORM_FLAGS}  # deepseek_eagle3.py:101, 222
+    norms["norm_before_fc"] = False
+    aux_layer_ids = config.get("eagle_aux_hidden_state_layer_ids") or (config.get("eagle_config") or {}).get(
+        "eagle_aux_hidden_state_layer_ids")
+    mla = {"layer": "mla", **{name: config.get(name) for name in MLA_FIELDS},
+           "head_dim": config.get("qk_rope_head_dim"), "num_key_value_heads": config["num_attention_heads"]}
+    return norms, aux_layer_ids, mla
+
+
 def read_checkpoint(path):
     """(DrafterConfig, state_dict with speculators names) from a drafter dir in either format.
 
     Speculators format: config has `speculators_model_type`, weights `layers.0.*`.
     EAGLE/SGLang format: a Llama config (`LlamaForCausalLMEagle3`), weights `midlayer.*`,
     aux ids under `eagle_config`. An mla drafter: a deepseek_v2 config naming
-    Eagle3DeepseekV2ForCausalLM (export.mla_config), weights `layers.0.*`; norm_before_fc read as
-    False, as vLLM's layer has none; model_type deepseek_v3 refused (vLLM would serve an MTP model).
-    Defaults follow vLLM's for each format. A missing d2t means
-    the draft vocab is the target vocab; a missing embed_tokens is left out of the state.
+    Eagle3DeepseekV2ForCausalLM, weights `layers.0.*` (mla_settings). Defaults follow vLLM's for
+    each format. A missing d2t means the draft vocab is the target vocab; a missing embed_tokens is
+    left out of the state.
     The RoPE is the checkpoint's, scaling included: a type the drafter does not compute is a
     ValueError naming it.
     """
@@ -47,16 +62,8 @@ def read_checkpoint(path):
     config = json.loads((path / "config.json").read_text())
     mla = {}
     if config.get("model_type") in ("deepseek_v2", "deepseek_v3") or config.get("architectures") == [MLA_ARCHITECTURE]:
-        if config.get("model_type") != "deepseek_v2":
-            raise ValueError(f"model_type {config.get('model_type')!r}: vLLM serves an EAGLE-3 mla drafter only as deepseek_v2 "
-                             "(deepseek_v3 becomes an MTP model, config/speculative.py:679-693)")
         layer = flags = config
-        norms = {flag: config.get(flag, False) for flag in NORM_FLAGS}  # deepseek_eagle3.py:101, 222
-        norms["norm_before_fc"] = False  # that layer has no input_norm
-        aux_layer_ids = config.get("eagle_aux_hidden_state_layer_ids") or (config.get("eagle_config") or {}).get(
-            "eagle_aux_hidden_state_layer_ids")
-        mla = {"layer": "mla", **{name: config.get(name) for name in MLA_FIELDS},
-               "head_dim": config.get("qk_rope_head_dim"), "num_key_value_heads": config["num_attention_heads"]}
+        norms, aux_layer_ids, mla = mla_settings(config)
     elif "speculators_model_type" in config:
         if config["speculators_model_type"] != "eagle3":
             raise ValueError(f"not an EAGLE-3 drafter: {config['speculators_model_type']}")
