@@ -118,7 +118,8 @@ def mla_config(c, *, verifier_name_or_path, verifier_architectures):
 def mla_export_problem(c):
     """Why vLLM 0.32 could not load an mla drafter of DrafterConfig `c`, or None. Its loader maps
     `kv_a_proj_with_mqa` into `fused_qkv_a_proj` unconditionally (deepseek_eagle3.py:258-267), a
-    parameter the attention has only with a q_lora_rank (deepseek_v2.py:1051-1065); and the layer
+    parameter the attention has only with a q_lora_rank (deepseek_v2.py:1051-1065: "There is no
+    module or parameter named '...fused_qkv_a_proj'", tried); and the layer
     has no input_norm over the aux states (norm_before_fc), only fc_norm (deepseek_eagle3.py:211)."""
     if c.q_lora_rank is None:
         return "an mla drafter needs a q_lora_rank: vLLM 0.32 loads kv_a_proj_with_mqa only beside q_a_proj"
