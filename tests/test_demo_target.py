@@ -6,6 +6,7 @@ import math
 
 import pytest
 import torch
+import yaml
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -15,6 +16,9 @@ from eaglenest.demo.kimi_tokenizer import IM_TOKENS, NAMED, RESERVED
 from eaglenest.demo.target import SPECIAL_TOKENS, build_demo_target
 from eaglenest.data.target import read_target_tensors, target_weight_prefix
 from eaglenest.states.hf import load_target
+from eaglenest.workflow.config import validate_config
+
+from conftest import REPO, merge
 
 # Fast settings: the default geometry (the one vLLM runs), fewer and shorter steps.
 FAST = dict(seed=0, seq_len=128, batch_size=8, steps=40, lr=3e-3)
@@ -156,3 +160,13 @@ def test_the_kimi_shaped_target_has_kimis_tokenizer_and_learned(kimi_target):
     assert abs(meta["heldout_loss_bfloat16"] - meta["heldout_loss"]) < 0.05  # the weights as shipped
     model = load_target(kimi_target, "float32", "cpu", trust_remote_code=True)  # the HF backend reads the wrapper
     assert type(model).__name__ == "DeepseekV3ForCausalLM" and model.config.vocab_size == meta["vocab_size"]
+
+
+def test_configs_kimi_selects_the_kimi_shaped_target_served_as_kimi():
+    example = yaml.safe_load((REPO / "configs/kimi.yaml").read_text())
+    config = merge(yaml.safe_load((REPO / "config.yaml").read_text()), example)  # as --configfile does
+    validate_config(config, REPO / "schemas/config.schema.yaml")
+    assert config["target"]["demo"] and config["target"]["trust_remote_code"]
+    assert config["demo_target"]["architecture"] == "kimi_k25" and config["results"] == "results/kimi"
+    assert config["vllm"]["dtype"] == "bfloat16" and config["hidden_states"]["backend"] == "vllm"
+    assert yaml.safe_load((REPO / "config.yaml").read_text())["demo_target"]["architecture"] == "llama"
