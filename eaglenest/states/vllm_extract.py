@@ -174,8 +174,9 @@ class VllmStateExtractor(EngineHolder):
             self.close()
             raise RuntimeError(f"vLLM's model has {info['num_layers']} layers, config.json says "
                                f"{config['num_hidden_layers']}")
-        log.info("vLLM engine up in %.0fs (TP %d, model dtype %s); aux layers %s",
-                 time.monotonic() - start, vllm["tensor_parallel_size"], info["dtype"], self.aux_layer_ids)
+        self.model = info["model"]  # vLLM's class for the target (a wrapper's: its text model holds the layers)
+        log.info("vLLM engine up in %.0fs (%s, TP %d, model dtype %s); aux layers %s", time.monotonic() - start,
+                 self.model, vllm["tensor_parallel_size"], info["dtype"], self.aux_layer_ids)
 
     def extract_shard(self, samples, shard_path, label=None):
         """Hidden states of `samples` ({"id", "input_ids", "loss_mask"}) into one shard file;

@@ -202,7 +202,7 @@ class HiddenStatesWorker:
             return None
         self._eaglenest_capture = _Capture(model, aux_layer_ids, self.model_runner, quantize)
         inner = _decoder(model)
-        return {"num_layers": self._eaglenest_capture.num_layers,
+        return {"num_layers": self._eaglenest_capture.num_layers, "model": type(model).__name__,
                 "dtype": str(next(inner.parameters()).dtype).removeprefix("torch.")}
 
     def eaglenest_take_states(self):
