@@ -126,7 +126,6 @@ rule vllm_speculative:
         temperatures=lambda wildcards: method_temperatures(wildcards.method, config["eval"]["temperatures"]),
         num_speculative_tokens=lambda wildcards: int(wildcards.k),
         draft_sample_method=lambda wildcards: wildcards.method,
-        max_divergent_share=config["eval"]["max_divergent_share"],
         code=code("vllm_speculative"),
     benchmark:
         f"{BENCHMARKS}/vllm_speculative/{{method}}/K{{k}}.tsv"

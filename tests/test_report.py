@@ -188,7 +188,7 @@ def vllm_run(suite, temperature, method, K, concurrency, speedup):
            "max_disagreement": max(gaps), "tolerance_per_position": tolerance,
            "agrees": all(g <= t for g, t in zip(gaps, tolerance))}
     if temperature == 0:
-        run |= {"greedy_text_unchanged": True, "divergent_share": 0.0, "first_divergence": None}
+        run |= {"greedy_text_unchanged": True, "divergent_share": 0.0, "divergences": []}
     return run
 
 
@@ -211,7 +211,7 @@ def write_metrics(root):
             "ceilings": {"greedy": "argmax oracle: an oracle drafting the target's own argmax, accepted with max p_T",
                          "probabilistic": "draft-vocab oracle: an oracle drafting from p_T restricted to the draft "
                                           "vocabulary, accepted with p_T's mass on the draft vocabulary"},
-            "greedy_identity_exact": True, "max_divergent_share": 0.25,
+            "engine_dtype": "float32",
             "agreement": {"greedy_tolerance": 0.2, "standard_errors": 3, "sampled_comparisons": 16, "z": 3.5},
             "runs": runs, "recommended": recommend(runs)}
     write_json(root / "offline.json", offline)
