@@ -104,7 +104,7 @@ def engine_start_problem(text_config, *, dtype, kv_cache_dtype, attention_backen
         found["block_size"] = shared_block_size(dict.fromkeys(picked.values()))
     except ValueError as e:
         return (f"the target's attention ({found['target']}) and the {drafter_layer} drafter's ({found['drafter']}) "
-                f"share no KV cache block size: {str(e).rstrip(".")}"), found
+                f"share no KV cache block size: {str(e).rstrip('.')}"), found
     return None, found
 
 
