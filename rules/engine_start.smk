@@ -1,6 +1,6 @@
 # Whether vLLM can start the target with the drafter at all (the attention backends vLLM picks for
 # the target's layers and the drafter's share a KV cache block size, and take the dtype), from the
-# target's config.json and the settings alone: eaglenest/engine_start.py. It gates the first
+# target's config.json and the settings alone: eaglenest/plan/engine_start.py. It gates the first
 # stages of the hours (split_prompts before generation, shard_samples before extraction,
 # vllm_baseline before evaluation) so that a drafter engine that cannot start fails the run
 # before them, not after. A checkpoint, read through engine_start_passed: when it reruns (a

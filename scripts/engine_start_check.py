@@ -1,4 +1,4 @@
-from eaglenest.engine_start import check_engine_start
+from eaglenest.plan.engine_start import check_engine_start
 from eaglenest.workflow.stage import run_stage
 
 run_stage(

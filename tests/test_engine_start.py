@@ -1,4 +1,4 @@
-"""Engine-start failures caught before the hours (eaglenest/engine_start.py, rule
+"""Engine-start failures caught before the hours (eaglenest/plan/engine_start.py, rule
 engine_start_check; the MTP case in eaglenest/drafter/check.py): read from vLLM's own attention
 backends and speculative config, on configs alone, no engine started."""
 
@@ -9,7 +9,7 @@ import torch
 from transformers import DeepseekV3Config, LlamaConfig
 
 from eaglenest.drafter.check import served_model_problems
-from eaglenest.engine_start import check_engine_start, shared_block_size
+from eaglenest.plan.engine_start import check_engine_start, shared_block_size
 from eaglenest.workflow.errors import InputError
 from tiny_deepseek import GEOMETRY, VLLM_KEYS
 

@@ -224,10 +224,9 @@ def evaluate_vllm(baseline_path, outputs_path, speculative_paths, states_dir, ta
     """The evaluate_vllm stage: vllm_metrics.json (docs/CONTRACTS.md) from the baseline's runs and
     continuations, each (draft method, K) engine's runs (`speculative_paths`) and the target's
     states of the reference texts (`states_dir`, rule agreement_states), with the drafter built as
-    trained on `device`. Fails where speculation changed greedy text at a token the target did not
-    see as a near-tie (eaglenest.evaluate.greedy_identity), and, naming the misreadings that
-    reproduce vLLM's numbers, when any run's acceptance is off its method's offline estimate by
-    more than its tolerance. Each run also
+    trained on `device`. Fails where speculation changed greedy text beyond a near-tie
+    (eaglenest.evaluate.greedy_identity), and, naming the misreadings that reproduce vLLM's
+    numbers, when any run's acceptance is off its method's offline estimate by its tolerance. Each run also
     gets its method's ceiling on its text (offline_estimates' oracle) and its share of it. Of the
     target only the embedding, final norm and lm_head are read. `tracking`: the config's tracking
     section (None: none), whose trackers get each run's acceptance per position, as run
