@@ -67,13 +67,13 @@ class TargetHead:
 
     @torch.no_grad()
     def logits(self, final_hidden, tokens):
-        """final_hidden [H] (pre-norm, any dtype), tokens [n] target ids -> [n] float32: the target's
-        logits of `tokens` as the token after that position, computed in float32 (the norm, and
-        lm_head's rows of `tokens` alone) so that their gap is read to float32's precision whatever
-        the dtype the target stores (eaglenest.evaluate.greedy_identity)."""
-        x = final_hidden.float()
-        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.norm.eps) * self.norm.weight.float()
-        return self.lm_head[tokens].float() @ x
+        """final_hidden [H] (pre-norm, any dtype), tokens [n] target ids -> [n] float64: the target's
+        logits of `tokens` as the token after that position, computed in float64 (the norm, and
+        lm_head's rows of `tokens` alone) so that their gap is read far below any engine dtype's
+        rounding, float32's included (eaglenest.evaluate.greedy_identity)."""
+        x = final_hidden.double()
+        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.norm.eps) * self.norm.weight.double()
+        return self.lm_head[tokens].double() @ x
 
     @torch.no_grad()
     def token_probs(self, final_hidden, tokens, temperature, chunk_tokens=1024):

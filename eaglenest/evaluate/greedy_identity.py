@@ -6,7 +6,7 @@ token `at` where it differs from the baseline's at the same concurrency and the 
 (eaglenest.evaluate.online.greedy_divergences). Generated token `at` is predicted from the state at
 position len(prompt) + at - 1 of the baseline's text: the agreement states hold it (the target's
 final hidden state by the hidden_states backend, rule agreement_states), and the target's head
-gives the two tokens' logits there (TargetHead.logits, in float32).
+gives the two tokens' logits there (TargetHead.logits, in float64).
 
 Which gap is a tie. The engine computes logits in its dtype (vLLM's model_config.dtype: bfloat16
 for Kimi, float32 in the CPU demo). A value rounded to that dtype carries a relative error of at
