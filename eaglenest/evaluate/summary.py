@@ -7,10 +7,12 @@ from eaglenest.workflow.atomic import atomic_path
 
 
 def latency_prompts(online):
-    """Which prompts the concurrencies ran: the largest every one, the others the first few."""
+    """Which prompts the concurrencies ran: the largest every one, the others the first few at
+    temperature 0 (every one above it)."""
     top = max(online["concurrency"])
-    fewer = [r["prompts"] for r in online["runs"] if r["concurrency"] < top]
-    return f" ({top} at once on every prompt, fewer on at most the first {max(fewer)})" if fewer else ""
+    fewer = [r["prompts"] for r in online["runs"] if r["concurrency"] < top and r["temperature"] == 0]
+    return (f" ({top} at once on every prompt, fewer on at most the first {max(fewer)} at temperature 0)"
+            if fewer else "")
 
 
 def _rates(metrics, field="acceptance_rate_per_position"):
