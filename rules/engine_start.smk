@@ -4,8 +4,9 @@
 # stages of the hours (split_prompts before generation, shard_samples before extraction,
 # vllm_baseline before evaluation) so that a drafter engine that cannot start fails the run
 # before them, not after. A checkpoint, read through engine_start_passed: when it reruns (a
-# setting or its code changed) and writes the same bytes, Snakemake compares the checksum of
-# the small file and nothing downstream goes stale.
+# setting or its code changed) and writes the same bytes, Snakemake re-decides its dependents
+# after it, compares the checksum of the small file and reruns none of them (a dry run, which
+# cannot know the bytes beforehand, lists them as it lists split_prompts' parts).
 
 
 checkpoint engine_start_check:
@@ -14,9 +15,10 @@ checkpoint engine_start_check:
     output:
         check=f"{RESULTS}/engine_start_check.json",
     params:
+        # what defines the engines' artifacts; vllm.attention_backend, a speed setting that reruns
+        # nothing (docs/REBUILDING.md), is read from the config when the check runs
         dtype=config["vllm"]["dtype"],
         kv_cache_dtype=config["vllm"]["kv_cache_dtype"],
-        attention_backend=config["vllm"]["attention_backend"],
         drafter_layer=config["drafter"].get("layer"),  # null: gqa (Llama attention)
         drafter_head_dim=config["drafter"]["head_dim"],
         code=code("engine_start_check"),

@@ -9,7 +9,7 @@ run_stage(
     snakemake.output.check,
     dtype=snakemake.params.dtype,
     kv_cache_dtype=snakemake.params.kv_cache_dtype,
-    attention_backend=snakemake.params.attention_backend,
+    attention_backend=snakemake.config["vllm"]["attention_backend"],
     drafter_layer=snakemake.params.drafter_layer,
     drafter_head_dim=snakemake.params.drafter_head_dim,
     gpus=snakemake.resources.gpu,
