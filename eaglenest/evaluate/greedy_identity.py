@@ -28,6 +28,7 @@ import logging
 import torch
 
 from eaglenest.evaluate.agreement_states import text_key
+from eaglenest.states.shards import dequantize_states
 from eaglenest.workflow.errors import InputError
 from eaglenest.workflow.jsonl import read_objects
 
@@ -67,7 +68,7 @@ def final_state(states, by_id, suite, concurrency, prompt_id, prefix):
         if sample_id in by_id:
             sample = states[by_id[sample_id]]
             if sample["input_ids"][: len(prefix)].tolist() == prefix:
-                return sample["final_hidden_states"][len(prefix) - 1]
+                return dequantize_states(sample, torch.float32)["final_hidden_states"][len(prefix) - 1]  # FP8: scaled
     raise InputError(f"{states.dir}: no state of {suite} prompt {prompt_id!r} at concurrency {concurrency} after "
                      f"{len(prefix)} tokens (not the states of this baseline's text)")
 
