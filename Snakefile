@@ -15,6 +15,7 @@ report: "report/workflow.rst"
 
 include: "rules/common.smk"
 include: "rules/target.smk"
+include: "rules/engine_start.smk"
 include: "rules/generate.smk"
 include: "rules/tokenize.smk"
 include: "rules/vocab.smk"
@@ -31,6 +32,7 @@ include: "rules/report.smk"
 rule all:
     input:
         RAW_RESPONSES,
+        rules.engine_start_check.output,
         rules.tokenize.output,
         rules.token_freq.output,
         rules.vocab_map.output,

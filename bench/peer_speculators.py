@@ -159,7 +159,7 @@ def serve_one(args, config, key, drafter, temperature, method):
     prompts, outputs = baseline(config, min(args.temperatures), demo=args.run, out=out, max_prompts=args.max_prompts)
     if key != "baseline":
         result = serve(config, drafter, prompts, outputs, out / f"vllm_{key}{served}.json", temperature, method,
-                       demo=args.run, max_divergent_share=args.max_divergent_share)
+                       demo=args.run)
         (out / f"{key}{served}.json").write_text(json.dumps(result, indent=1) + "\n")
 
 
@@ -194,9 +194,6 @@ def main():
                         help="comma-separated; above 0: probabilistic drafting")
     parser.add_argument("--epochs", type=int, help="speculators' epochs (default: the run's train.epochs)")
     parser.add_argument("--max-prompts", type=int, help="held-out prompts served (default: all)")
-    parser.add_argument("--max-divergent-share", type=float, default=0.0,
-                        help="at T=0, the share of prompts whose greedy text speculation may change where vLLM is "
-                             "not bit-exact (bfloat16; a run's eval.max_divergent_share); float32 on CPU: none")
     parser.add_argument("--serve", nargs=4, metavar=("KEY", "DRAFTER", "T", "METHOD"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     args.run, args.work = args.run.resolve(), args.work.resolve()

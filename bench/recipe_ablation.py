@@ -127,18 +127,17 @@ def baseline(config, temperature=0.0, *, demo=DEMO, out=OUT, max_prompts=None):
     return prompts, outputs
 
 
-def serve(config, drafter, prompts, outputs, runs_path, temperature=0.0, draft_sample_method="greedy", *, demo=DEMO,
-          max_divergent_share=0.0):
+def serve(config, drafter, prompts, outputs, runs_path, temperature=0.0, draft_sample_method="greedy", *, demo=DEMO):
     """`drafter` served with the target of `demo` in vLLM at K, on baseline()'s `prompts` at
     `temperature`, drafting by `draft_sample_method` (vLLM's runs into `runs_path`) -> its prompt
     count, whether it left the greedy text unchanged ("n/a" above temperature 0), the share of
-    prompts whose greedy text it changed (at most `max_divergent_share` unless the engine is
-    bit-exact, when none may) and vLLM's acceptance."""
+    prompts whose greedy text it changed (reported here; evaluate_vllm judges each change on the
+    target's logits: eaglenest.evaluate.greedy_identity) and vLLM's acceptance."""
     from eaglenest.evaluate.agreement import online_acceptance
     from eaglenest.evaluate.online import vllm_speculative
     runs = vllm_speculative([prompts], demo / "target", drafter, outputs, runs_path, num_speculative_tokens=K,
                             suites=["heldout"], temperatures=[temperature], concurrency=[CONCURRENCY],
-                            max_tokens=MAX_TOKENS, seed=0, max_divergent_share=max_divergent_share, vllm=config["vllm"],
+                            max_tokens=MAX_TOKENS, seed=0, vllm=config["vllm"],
                             trust_remote_code=False, end_of_turn=config["tokenize"]["end_of_turn"],
                             draft_sample_method=draft_sample_method)
     run = runs["runs"][0]

@@ -91,6 +91,7 @@ rule vllm_baseline:
     input:
         prompts=SUITE_PROMPTS,
         target=TARGET,
+        engine_start=engine_start_passed,  # the drafter engines can start (their stages come after it)
     output:
         runs=f"{RESULTS}/eval/vllm_baseline.json",
         outputs=f"{RESULTS}/eval/vllm_baseline_outputs.jsonl",
@@ -126,7 +127,6 @@ rule vllm_speculative:
         temperatures=lambda wildcards: method_temperatures(wildcards.method, config["eval"]["temperatures"]),
         num_speculative_tokens=lambda wildcards: int(wildcards.k),
         draft_sample_method=lambda wildcards: wildcards.method,
-        max_divergent_share=config["eval"]["max_divergent_share"],
         code=code("vllm_speculative"),
     benchmark:
         f"{BENCHMARKS}/vllm_speculative/{{method}}/K{{k}}.tsv"

@@ -6,6 +6,7 @@
 checkpoint shard_samples:
     input:
         data=TOKENIZED,
+        engine_start=engine_start_passed,  # the drafter engines can start: before the hours of extraction
     output:
         parts=directory(PARTS),
     log:

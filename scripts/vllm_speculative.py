@@ -19,7 +19,6 @@ if __name__ == "__main__":  # vLLM starts worker processes that import this file
         latency_prompts=snakemake.params.latency_prompts,
         max_tokens=snakemake.params.max_tokens,
         seed=snakemake.params.seed,
-        max_divergent_share=snakemake.params.max_divergent_share,
         vllm=snakemake.config["vllm"],
         trust_remote_code=snakemake.params.trust_remote_code,
         end_of_turn=snakemake.params.end_of_turn,

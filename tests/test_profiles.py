@@ -15,9 +15,10 @@ import yaml
 from conftest import REPO
 from eaglenest.train.launch import torchrun_command
 
-GPU_RULES = {"generate_part", "hidden_states", "train_drafter", "vllm_baseline", "vllm_speculative", "agreement_states",
+GPU_RULES = {"engine_start_check", "generate_part", "hidden_states", "train_drafter", "vllm_baseline", "vllm_speculative", "agreement_states",
              "evaluate_vllm", "evaluate_offline"}
-DRAFTER_ONLY = {"evaluate_offline", "evaluate_vllm"}  # one GPU, a drafter's memory: no target
+# one GPU and no target loaded: a drafter's memory, or vLLM's backend selection on configs alone
+DRAFTER_ONLY = {"evaluate_offline", "evaluate_vllm", "engine_start_check"}
 CPU_STAGES = {"tokenize", "token_freq", "vocab_map", "eval_prompts"}  # run beside GPU jobs: they hold no GPU
 TP, TRAIN_GPUS = 8, 8
 GPU_CONFIG = {  # the 8-GPU container's kind of target: tensor parallelism 8, DDP on 8 GPUs
@@ -25,7 +26,7 @@ GPU_CONFIG = {  # the 8-GPU container's kind of target: tensor parallelism 8, DD
     "hidden_states": {"device": "cuda", "backend": "vllm"},
     "train": {"device": "cuda", "num_processes": TRAIN_GPUS},
 }
-EXPECTED_GPUS = {"generate_part": TP, "hidden_states": TP, "train_drafter": TRAIN_GPUS, "vllm_baseline": TP,
+EXPECTED_GPUS = {"engine_start_check": 1, "generate_part": TP, "hidden_states": TP, "train_drafter": TRAIN_GPUS, "vllm_baseline": TP,
                  "vllm_speculative": TP, "agreement_states": TP, "evaluate_vllm": 1, "evaluate_offline": 1}
 
 

@@ -14,6 +14,7 @@ import torch
 from eaglenest.data.vocab import vocab_map
 from eaglenest.evaluate.acceptance import acceptance, share_of_ceiling
 from eaglenest.evaluate.online import recommend
+from eaglenest.evaluate.summary import greedy_identity
 from eaglenest.plan.plan import sample_counts
 from eaglenest.report.common import percent
 from eaglenest.report.data import (coverage_curve, coverage_table, plot_coverage, plot_sample_lengths,
@@ -188,7 +189,7 @@ def vllm_run(suite, temperature, method, K, concurrency, speedup):
            "max_disagreement": max(gaps), "tolerance_per_position": tolerance,
            "agrees": all(g <= t for g, t in zip(gaps, tolerance))}
     if temperature == 0:
-        run |= {"greedy_text_unchanged": True, "divergent_share": 0.0, "first_divergence": None}
+        run |= {"greedy_text_unchanged": True, "divergent_share": 0.0, "divergences": []}
     return run
 
 
@@ -211,7 +212,7 @@ def write_metrics(root):
             "ceilings": {"greedy": "argmax oracle: an oracle drafting the target's own argmax, accepted with max p_T",
                          "probabilistic": "draft-vocab oracle: an oracle drafting from p_T restricted to the draft "
                                           "vocabulary, accepted with p_T's mass on the draft vocabulary"},
-            "greedy_identity_exact": True, "max_divergent_share": 0.25,
+            "engine_dtype": "float32",
             "agreement": {"greedy_tolerance": 0.2, "standard_errors": 3, "sampled_comparisons": 16, "z": 3.5},
             "runs": runs, "recommended": recommend(runs)}
     write_json(root / "offline.json", offline)
@@ -287,6 +288,26 @@ def test_the_acceptance_table_has_every_run_and_the_method_and_k_to_serve_with(t
     assert ("heldout 1 1 probabilistic, K = 3 1.35x 2.00 0.625 / 0.250 / 0.125 0.800 / 0.600 / 0.450 "
             "0.78 / 0.42 / 0.28") in page
     assert "ceiling (argmax oracle), at its own anchors 1.000 1.000 0.875 3.88 — —" in page
+
+
+def test_near_ties_where_speculation_changed_greedy_text_are_reported(tmp_path):
+    """Where evaluate_vllm judged a greedy divergence a near-tie of the target's logits (numerics:
+    eaglenest/evaluate/greedy_identity.py), the summary's agreement line and the report's runs
+    table say so; unchanged text reads as before."""
+    _, vllm = write_metrics(tmp_path)
+    assert greedy_identity(vllm) == "; greedy text unchanged by speculation"
+    run = next(r for r in vllm["runs"] if (r["suite"], r["temperature"], r["num_speculative_tokens"],
+                                            r["concurrency"]) == ("heldout", 0.0, 3, 1))
+    run |= {"greedy_text_unchanged": False, "divergent_share": 0.25, "divergences": [
+        {"id": "p1", "generated_token": 30, "baseline_token": 5, "speculative_token": 9, "margin": 0.0625,
+         "tolerance": 0.15625, "near_tie": True}]}
+    vllm["engine_dtype"] = "bfloat16"
+    assert greedy_identity(vllm) == ("; greedy text changed by speculation at 1 prompt(s) in 1 run(s), each at a "
+                                     "near-tie of the target's logits within bfloat16 rounding (closest to the "
+                                     "limit: margin 0.0625 of tolerance 0.156)")
+    write_json(tmp_path / "vllm.json", vllm)
+    write_acceptance_table(tmp_path / "offline.json", tmp_path / "vllm.json", tmp_path / "acceptance.html")
+    assert "25% of prompts changed, each at a near-tie of the target's logits" in text_of(tmp_path / "acceptance.html")
 
 
 def test_the_plan_table_gives_sizes_and_the_time_per_stage(tmp_path):

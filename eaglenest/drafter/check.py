@@ -3,7 +3,7 @@
 Cheap (reads configs and weights, runs nothing) and meant to run before any vLLM or GPU stage:
 it catches the silent mismatches that load fine and then drag acceptance down (aux layer ids
 in another convention, a norm flag that is not the trained one, d2t stored as absolute ids, a
-stale vocab, the wrong target).
+stale vocab, the wrong target), and a config vLLM would read as another model (the MTP case).
 """
 
 import json
@@ -41,16 +41,43 @@ def vocab_problems(d2t, t2d, target_vocab_size):
     return problems
 
 
+def served_model_problems(config):
+    """Whether vLLM would read the drafter's config.json (`config`, a dict) as another model: its
+    speculative config rewrites a draft config by its model_type before picking the class
+    (vllm/config/speculative.py, SpeculativeConfig.hf_config_override: deepseek_v3 becomes
+    DeepSeek's MTP head, so an MLA drafter must say deepseek_v2 to stay
+    Eagle3DeepseekV2ForCausalLM). Read by vLLM's own code: the speculators format's translation
+    (SpeculatorsConfig) and then that rewrite."""
+    from transformers import PretrainedConfig
+    from vllm.config.speculative import SpeculativeConfig
+    from vllm.transformers_utils.configs.speculators.base import SpeculatorsConfig
+
+    read = dict(config)
+    if "speculators_model_type" in config:
+        try:
+            read = SpeculatorsConfig.extract_transformers_pre_trained_config(json.loads(json.dumps(config)))
+        except ValueError as e:
+            return [f"vLLM does not read config.json as a speculators drafter: {e}"]
+    model_type, architectures = read.get("model_type"), list(read.get("architectures") or [])
+    hf_config = PretrainedConfig(**{key: value for key, value in read.items() if key != "model_type"})
+    hf_config.model_type = model_type
+    rewritten = SpeculativeConfig.hf_config_override(hf_config)
+    if list(rewritten.architectures or []) != architectures:
+        fix = " (an MLA drafter: model_type deepseek_v2)" if model_type == "deepseek_v3" else ""
+        return [f"vLLM would read the drafter's model_type {model_type!r} as {rewritten.model_type} and serve "
+                f"{rewritten.architectures}, not {architectures}: write another model_type{fix}"]
+    return []
+
+
 def drafter_problems(drafter_dir, manifest, d2t, t2d, target_dir):
     """Every mismatch between the exported drafter and what it will be served with."""
     config = json.loads((Path(drafter_dir) / "config.json").read_text())
+    if served := served_model_problems(config):
+        return served
     weights = load_file(str(Path(drafter_dir) / "model.safetensors"))
     target = target_config(target_dir)
     V, H = target["vocab_size"], target["hidden_size"]
     problems = []
-    if config.get("model_type") == "deepseek_v3":
-        return ["config.json says model_type deepseek_v3, which vLLM serves as an MTP model, not EAGLE-3 "
-                "(config/speculative.py:679-693): write deepseek_v2"]
     if config.get("architectures") == [MLA_ARCHITECTURE] and config.get("model_type") == "deepseek_v2":
         layer, verifier, flags = config, config.get("verifier", {}), {"norm_before_residual": False, "norm_output": False}
     elif config.get("speculators_model_type") == "eagle3":

@@ -66,6 +66,16 @@ class TargetHead:
         return torch.cat(ids).view(final_hidden.shape[:-1])
 
     @torch.no_grad()
+    def logits(self, final_hidden, tokens):
+        """final_hidden [H] (pre-norm, any dtype), tokens [n] target ids -> [n] float64: the target's
+        logits of `tokens` as the token after that position, computed in float64 (the norm, and
+        lm_head's rows of `tokens` alone) so that their gap is read far below any engine dtype's
+        rounding, float32's included (eaglenest.evaluate.greedy_identity)."""
+        x = final_hidden.double()
+        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.norm.eps) * self.norm.weight.double()
+        return self.lm_head[tokens].double() @ x
+
+    @torch.no_grad()
     def token_probs(self, final_hidden, tokens, temperature, chunk_tokens=1024):
         """final_hidden [T, H] (pre-norm, any dtype), tokens [K, T] target ids -> [K, T] float32: the
         target's probability of tokens[k, s] as the token after position s at `temperature` (the

@@ -4,7 +4,8 @@ hidden_states stage's own backend, never by a second copy of the target.
 The check replays vLLM's drafting on the baseline's continuations (rule vllm_baseline: at each
 suite and temperature's largest concurrency, reference_samples), so it needs the target's aux
 states of every such prompt + continuation, and its final state for the target's probabilities
-above temperature 0. At the real target's scale (Kimi-K2.5: 61 layers, ~1T parameters, TP 8)
+above temperature 0 and its logits where speculation changed greedy text
+(eaglenest.evaluate.greedy_identity). At the real target's scale (Kimi-K2.5: 61 layers, ~1T parameters, TP 8)
 only the configured backend can produce them, so they come from it with rule hidden_states'
 settings: `hidden_states.backend` (vllm: vLLM at the configured tensor parallelism,
 eaglenest.states.vllm_extract; hf: transformers on hidden_states.device), hidden_states.dtype, the
@@ -70,13 +71,15 @@ def reference_samples(outputs_path):
     offline side replays: every prompt of the suite, of which the smaller concurrencies ran the
     first ones) as samples {"id": text_key, "input_ids", "loss_mask"} (prompt + continuation,
     loss_mask on the continuation), and the texts [{"suite", "temperature", "concurrency",
-    "samples"}] in order."""
+    "samples"}] in order. After them, as `text_key/c{concurrency}`, every greedy continuation at a
+    smaller concurrency that differs from the largest's (an engine not bit-exact: bfloat16), whose
+    states judge where speculation changed that run's text (eaglenest.evaluate.greedy_identity)."""
     outputs = list(read_objects(outputs_path))
     top = {}
     for o in outputs:
         key = (o["suite"], o["temperature"])
         top[key] = max(top.get(key, o["concurrency"]), o["concurrency"])
-    samples, texts = [], []
+    samples, texts, largest = [], [], {}
     for o in outputs:
         if o["concurrency"] != top[o["suite"], o["temperature"]]:
             continue
@@ -84,10 +87,17 @@ def reference_samples(outputs_path):
             texts.append({"suite": o["suite"], "temperature": o["temperature"], "concurrency": o["concurrency"],
                           "samples": 0})
         texts[-1]["samples"] += 1
-        samples.append({"id": text_key(o["suite"], o["temperature"], o["id"]),
-                        "input_ids": o["prompt_token_ids"] + o["token_ids"],
-                        "loss_mask": [0] * len(o["prompt_token_ids"]) + [1] * len(o["token_ids"])})
+        samples.append(_sample(o, text_key(o["suite"], o["temperature"], o["id"])))
+        largest[o["suite"], o["temperature"], o["id"]] = o["token_ids"]
+    samples += [_sample(o, f"{text_key(o['suite'], 0.0, o['id'])}/c{o['concurrency']}") for o in outputs
+                if o["temperature"] == 0 and o["token_ids"] != largest[o["suite"], 0, o["id"]]]
     return samples, texts
+
+
+def _sample(output, sample_id):
+    """A baseline output line as a states sample: prompt + continuation, loss_mask on the continuation."""
+    return {"id": sample_id, "input_ids": output["prompt_token_ids"] + output["token_ids"],
+            "loss_mask": [0] * len(output["prompt_token_ids"]) + [1] * len(output["token_ids"])}
 
 
 def extract_files(target_dir, jobs, *, backend, layer_ids, dtype, device, batch_tokens, vllm, trust_remote_code):

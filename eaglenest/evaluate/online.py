@@ -23,7 +23,6 @@ from eaglenest.engine import (EngineHolder, eagle3_speculative_config, engine_ar
                               start_engine, vllm_cpu, worker_environment)
 from eaglenest.evaluate.suites import check_prompt_lengths, read_suites
 from eaglenest.workflow.atomic import atomic_path, write_json
-from eaglenest.workflow.errors import InputError
 from eaglenest.workflow.jsonl import read_objects
 
 log = logging.getLogger(__name__)
@@ -32,31 +31,17 @@ log = logging.getLogger(__name__)
 CPU_SAMPLING = "eaglenest.evaluate.cpu_sampling.CpuSampling"
 
 
-def greedy_divergence(ids, plain, spec):
-    """How speculation changed greedy text: {"divergent_share": share of prompts whose tokens
-    differ, "first_divergence": the first such prompt's id and the generated token where it
-    differs, or None}."""
-    changed = [i for i, (a, b) in enumerate(zip(plain, spec)) if a != b]
-    first = None
-    if changed:
-        a, b = plain[changed[0]], spec[changed[0]]
-        at = next((j for j, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
-        first = {"id": ids[changed[0]], "generated_token": at}
-    return {"divergent_share": len(changed) / len(plain), "first_divergence": first}
-
-
-def check_greedy_identity(divergence, *, exact, max_divergent_share, run=""):
-    """Speculation must not change greedy text. Where the engine is bit-exact (vLLM's CPU build
-    in float32) one changed prompt is a fault; elsewhere (bf16 on GPUs, whose verification
-    batches are not bit-identical to plain decoding) text may drift late, so only a share of
-    changed prompts above `max_divergent_share` is (docs/PITFALLS.md, "Reproducible bytes and
-    GPU numerics"). run: which run, for the message."""
-    share, first = divergence["divergent_share"], divergence["first_divergence"]
-    limit = 0.0 if exact else max_divergent_share
-    if share > limit:
-        rule = "bit-exact engine: none may" if exact else f"eval.max_divergent_share {max_divergent_share}"
-        raise InputError(f"{run}speculation changed the greedy text of {share:.1%} of the prompts ({rule}), "
-                         f"first {first['id']!r} at generated token {first['generated_token']}")
+def greedy_divergences(ids, plain, spec):
+    """Where speculation changed greedy text: per prompt whose tokens differ, its id, the generated
+    token where they first differ and the two tokens there (None where that text ended first),
+    for evaluate_vllm to judge on the target's logits (eaglenest.evaluate.greedy_identity)."""
+    out = []
+    for prompt_id, a, b in zip(ids, plain, spec):
+        if a != b:
+            at = next((j for j, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+            out.append({"id": prompt_id, "generated_token": at, "baseline_token": a[at] if at < len(a) else None,
+                        "speculative_token": b[at] if at < len(b) else None})
+    return out
 
 
 def run_key(suite, temperature, concurrency):
@@ -96,9 +81,12 @@ def grid(prompts, suites, temperatures, concurrency, latency_prompts):
     """Every (suite, temperature, concurrency, its prompts) in a fixed order. The largest
     concurrency runs every prompt of the suite: its acceptance is the suite's (acceptance does not
     depend on how many requests share a step). A smaller one, which measures latency-bound speed,
-    runs the first `latency_prompts` (None: all)."""
+    runs the first `latency_prompts` (None: all) at temperature 0, where its greedy replay
+    offline is exact whatever the count, and every prompt above 0: there its acceptance is held
+    to the offline estimate within standard errors, which 8 prompts (40 to 100 drafts at K=3) put
+    at 0.1 to 0.5 per position, too wide to tell a misread drafter from noise (docs/EVALUATION.md)."""
     top = max(concurrency)
-    return [(s, t, c, prompts[s] if c == top else prompts[s][:latency_prompts])
+    return [(s, t, c, prompts[s] if c == top or t > 0 else prompts[s][:latency_prompts])
             for s in suites for t in temperatures for c in concurrency]
 
 
@@ -144,15 +132,15 @@ def baseline_texts(outputs_path, max_tokens):
 
 
 def vllm_speculative(prompt_paths, target_dir, drafter_dir, baseline_outputs, runs_path, *, num_speculative_tokens,
-                     suites, temperatures, concurrency, max_tokens, seed, max_divergent_share, vllm, trust_remote_code,
+                     suites, temperatures, concurrency, max_tokens, seed, vllm, trust_remote_code,
                      end_of_turn, latency_prompts=None, draft_sample_method="greedy"):
     """The target with the drafter at K = `num_speculative_tokens`, drafting by
     `draft_sample_method` (vLLM's name), one engine for every (suite, temperature, concurrency):
-    writes the engine's runs (vLLM's counters, speed, and at temperature 0 how speculation changed
-    the baseline's greedy text); fails when it changed it."""
+    writes the engine's runs (vLLM's counters, speed, and at temperature 0 where speculation changed
+    the baseline's greedy text: evaluate_vllm judges each on the target's logits) and the dtype the
+    engine computed in."""
     prompts = read_suites(prompt_paths, suites)
     plain = baseline_texts(baseline_outputs, max_tokens)
-    exact = vllm_cpu() and vllm["dtype"] == "float32"
     # the method is set here, not in eaglenest.engine, which generation imports: it must not go stale by it
     spec = eagle3_speculative_config(drafter_dir, num_speculative_tokens) | {"draft_sample_method": draft_sample_method}
     runs, label = [], f"{draft_sample_method} K={num_speculative_tokens}"
@@ -163,17 +151,15 @@ def vllm_speculative(prompt_paths, target_dir, drafter_dir, baseline_outputs, ru
             run = run_entry(suite, temperature, c, result, len(entries)) | {"counters": result["counters"]}
             if temperature == 0:
                 ids, plain_tokens = plain[(suite, temperature, c)]
-                divergence = greedy_divergence(ids, plain_tokens, result["token_ids"])
-                log.info("%s %s: greedy text changed in %.1f%% of the prompts (first: %s; %s)", label,
-                         run_key(suite, temperature, c), 100 * divergence["divergent_share"],
-                         divergence["first_divergence"],
-                         "bit-exact engine" if exact else f"at most {max_divergent_share:.1%} allowed")
-                check_greedy_identity(divergence, exact=exact, max_divergent_share=max_divergent_share,
-                                      run=f"{label} {run_key(suite, temperature, c)}: ")
-                run |= {"greedy_text_unchanged": divergence["divergent_share"] == 0, **divergence}
+                divergences = greedy_divergences(ids, plain_tokens, result["token_ids"])
+                log.info("%s %s: greedy text changed in %d of %d prompts%s", label, run_key(suite, temperature, c),
+                         len(divergences), len(ids), f" (first: {divergences[0]})" if divergences else "")
+                run |= {"greedy_text_unchanged": not divergences, "divergent_share": len(divergences) / len(ids),
+                        "divergences": divergences}
             runs.append(run)
+        engine_dtype = str(engine.llm.llm_engine.model_config.dtype).removeprefix("torch.")
     out = {"vllm_version": result["vllm_version"], "draft_sample_method": draft_sample_method,
-           "num_speculative_tokens": num_speculative_tokens, "max_tokens": max_tokens, "greedy_identity_exact": exact, "max_divergent_share": max_divergent_share,
+           "num_speculative_tokens": num_speculative_tokens, "max_tokens": max_tokens, "engine_dtype": engine_dtype,
            "runs": runs}
     write_json(runs_path, out)
     return out

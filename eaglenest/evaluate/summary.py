@@ -7,10 +7,12 @@ from eaglenest.workflow.atomic import atomic_path
 
 
 def latency_prompts(online):
-    """Which prompts the concurrencies ran: the largest every one, the others the first few."""
+    """Which prompts the concurrencies ran: the largest every one, the others the first few at
+    temperature 0 (every one above it)."""
     top = max(online["concurrency"])
-    fewer = [r["prompts"] for r in online["runs"] if r["concurrency"] < top]
-    return f" ({top} at once on every prompt, fewer on at most the first {max(fewer)})" if fewer else ""
+    fewer = [r["prompts"] for r in online["runs"] if r["concurrency"] < top and r["temperature"] == 0]
+    return (f" ({top} at once on every prompt, fewer on at most the first {max(fewer)} at temperature 0)"
+            if fewer else "")
 
 
 def _rates(metrics, field="acceptance_rate_per_position"):
@@ -55,12 +57,25 @@ def serving_table(online):
     lines += [f"- ceiling of {method}: {description}" for method, description in online["ceilings"].items()]
     agreement = online["agreement"]
     worst = max(r["max_disagreement"] for r in runs)
-    greedy = "; greedy text unchanged by speculation" if 0 in online["temperatures"] else ""
+    greedy = greedy_identity(online) if 0 in online["temperatures"] else ""
     lines.append(f"- offline and vLLM agree in all {len(runs)} runs (largest gap {worst:.3f} per position; tolerance: "
                  f"{agreement['greedy_tolerance']} at temperature 0, {agreement['z']:.2f} standard errors above it, "
                  f"{agreement['standard_errors']:g} family-wise over {agreement['sampled_comparisons']} positions)"
                  + greedy)
     return lines
+
+
+def greedy_identity(online):
+    """How speculation left greedy text, as the tail of the agreement line: unchanged, or changed
+    only at near-ties of the target's logits (a fault fails evaluate_vllm)."""
+    ties = [d for r in online["runs"] for d in r.get("divergences", [])]
+    if not ties:
+        return "; greedy text unchanged by speculation"
+    runs = sum(bool(r.get("divergences")) for r in online["runs"])
+    worst = max(ties, key=lambda d: abs(d["margin"]) / d["tolerance"] if d["tolerance"] else 0)
+    return (f"; greedy text changed by speculation at {len(ties)} prompt(s) in {runs} run(s), each at a near-tie of "
+            f"the target's logits within {online['engine_dtype']} rounding (closest to the limit: margin "
+            f"{worst['margin']:.3g} of tolerance {worst['tolerance']:.3g})")
 
 
 def prompt_sources_line(counts_path):

@@ -16,5 +16,6 @@ export NCCL_MAX_NCHANNELS="${NCCL_MAX_NCHANNELS:-64}"
 export VLLM_MARLIN_USE_ATOMIC_ADD="${VLLM_MARLIN_USE_ATOMIC_ADD:-1}"
 
 # MLA targets (DeepSeek-V3, Kimi): on SM120 only the TRITON_MLA decode backend runs (FlashMLA,
-# CUTLASS_MLA and FLASHINFER_MLA are SM90/SM100). vLLM >= 0.32 no longer reads
-# VLLM_ATTENTION_BACKEND: set vllm.attention_backend: TRITON_MLA in config.yaml instead.
+# CUTLASS_MLA and FLASHINFER_MLA are SM90/SM100), and vLLM picks it there by itself. vLLM >= 0.32
+# no longer reads VLLM_ATTENTION_BACKEND: vllm.attention_backend in config.yaml (null, or TRITON_MLA
+# with an mla drafter layer only: a gqa drafter's layers inherit it and fail; docs/GPUS.md).

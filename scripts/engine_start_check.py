@@ -1,0 +1,16 @@
+from eaglenest.plan.engine_start import check_engine_start
+from eaglenest.workflow.stage import run_stage
+
+run_stage(
+    snakemake.log[0],
+    snakemake.threads,
+    check_engine_start,
+    snakemake.input.target,
+    snakemake.output.check,
+    dtype=snakemake.params.dtype,
+    kv_cache_dtype=snakemake.params.kv_cache_dtype,
+    attention_backend=snakemake.config["vllm"]["attention_backend"],
+    drafter_layer=snakemake.params.drafter_layer,
+    drafter_head_dim=snakemake.params.drafter_head_dim,
+    gpus=snakemake.resources.gpu,
+)
