@@ -7,13 +7,16 @@ import html
 import json
 import re
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
 
+from conftest import REPO
 from eaglenest.data.vocab import vocab_map
 from eaglenest.evaluate.acceptance import acceptance, share_of_ceiling
 from eaglenest.evaluate.online import recommend
+from eaglenest.evaluate.summary import counts_in_words
 from eaglenest.plan.plan import sample_counts
 from eaglenest.report.common import percent
 from eaglenest.report.data import (coverage_curve, coverage_table, plot_coverage, plot_sample_lengths,
@@ -352,6 +355,43 @@ def test_the_report_holds_every_category_figure_and_caption(report_html, built):
     for category in CATEGORIES:
         for name in CATEGORIES[category] - {"vocab_coverage.html", "acceptance.html"}:  # linked from the front page
             assert f"showResultInfo('results/report/{name}')" in description, name
+    assert "the training data's held-out split)" in text and "at most 16 prompts of each (64 tokens per prompt)" in text
+    for where, words in [("front page", text), ("summary.md", (built / "results/summary.md").read_text()),
+                         *((name, text_of(result["caption"])) for name, result in results.items())]:
+        assert not PYTHON.findall(words), (where, PYTHON.findall(words))
+
+
+# What Python prints and a person does not write: a dict, None, True, False, a list of quoted strings
+PYTHON = re.compile(r"\{'|\bNone\b|\bTrue\b|\bFalse\b|\[\s*['\"]")
+
+
+@pytest.mark.parametrize("edit", ["as_is", "sources_and_limits"])
+def test_the_captions_and_the_front_page_put_config_values_in_words(edit):
+    """Every report/*.rst rendered (Jinja, as `snakemake --report` renders it) with the config's
+    nulls and lists, and with data.sources, eval.max_prompts and eval.draft_sample_methods set."""
+    import jinja2
+    import yaml
+
+    config = yaml.safe_load((REPO / "config.yaml").read_text())
+    if edit == "sources_and_limits":
+        config["data"] |= {"prompts": None, "sources": [{"path": "a.jsonl", "weight": 1}, {"path": "b.parquet"}]}
+        config["eval"] |= {"max_prompts": 5, "draft_sample_methods": ["greedy", "probabilistic"]}
+    pages = {path.name: jinja2.Template(path.read_text()).render(snakemake=SimpleNamespace(config=config))
+             for path in (REPO / "report").glob("*.rst")}
+    for name, page in pages.items():
+        assert not PYTHON.findall(page), (name, PYTHON.findall(page))
+    front = " ".join(pages["workflow.rst"].split())
+    if edit == "as_is":
+        assert "``chat`` (``resources/demo/eval_chat.jsonl``), every prompt of each" in front
+        assert "(unset: greedy, and probabilistic above temperature 0)" in front
+    else:
+        assert "the 2 datasets of ``data.sources``, mixed" in front and "at most 5 prompts of each" in front
+        assert "(greedy and probabilistic)" in front
+
+
+def test_the_summary_puts_counts_in_words():
+    assert counts_in_words({"too_long": 3, "no_generated_tokens": 0, "duplicate": 1}) == "3 too long, 1 duplicate"
+    assert counts_in_words({}) == "none"
 
 
 def test_the_built_runs_figures_carry_its_numbers(built):
