@@ -12,6 +12,8 @@ import pandas as pd
 import pytest
 
 from conftest import edit_config, new_workdir, planned, snakemake
+from eaglenest.data import containers
+from eaglenest.data.containers import read_records
 from eaglenest.data.generate import split_prompts
 from eaglenest.data.prompts import read_prompts
 from eaglenest.data.sources import read_sources
@@ -250,3 +252,67 @@ def test_data_prompts_and_data_sources_are_one_or_the_other(tmp_path):
     assert result.returncode != 0 and "config: data.prompts, data.sources: give one of them" in result.stdout + result.stderr
     (tmp_path / "plain").mkdir()
     assert "read_prompts" not in planned(new_workdir(tmp_path / "plain"))  # data.prompts: no reading stage
+
+
+def one_line_error(call):
+    """The InputError `call()` raises, as text: one line, as every bad input's."""
+    with pytest.raises(InputError) as error:
+        call()
+    assert "\n" not in str(error.value)
+    return str(error.value)
+
+
+def test_a_file_that_is_no_text_a_missing_arrow_file_and_a_broken_dataset_dict_are_one_line_errors(tmp_path):
+    parquet = write(numbered(3), "parquet", tmp_path / "data.bin")  # Parquet, but not named so: read as text
+    assert one_line_error(lambda: list(read_records(parquet))) == (
+        f"{parquet}: not UTF-8 text, so neither JSON nor JSONL (Parquet and Arrow files are told by their suffix: "
+        "name it .parquet or .arrow)")
+    jsonl = write(numbered(300), "jsonl", tmp_path / "late.jsonl")  # a bad byte past the first block decoded
+    jsonl.write_bytes(jsonl.read_bytes() + b'{"messages": "\xff"}\n')
+    assert re.fullmatch(rf"{jsonl}: not UTF-8 text after line \d+", one_line_error(lambda: list(read_records(jsonl))))
+    saved = write(numbered(3), "save_to_disk", tmp_path / "saved")
+    [arrow] = saved.glob("*.arrow")
+    arrow.unlink()
+    assert one_line_error(lambda: read_records(saved)) == (
+        f"{saved / 'state.json'}: field '_data_files': {arrow.name} is not in {saved}")
+    datasets.DatasetDict({"train": datasets.Dataset.from_list(numbered(2))}).save_to_disk(str(tmp_path / "dd"))
+    (tmp_path / "dd/dataset_dict.json").write_text('{"splits": ["train"]')
+    assert one_line_error(lambda: read_records(tmp_path / "dd")) == (
+        f"{tmp_path / 'dd/dataset_dict.json'}:1: malformed JSON: Expecting ',' delimiter (column 21)")
+    (tmp_path / "dd/dataset_dict.json").write_text('{"splits": "train"}')
+    assert one_line_error(lambda: read_records(tmp_path / "dd")) == (
+        f"{tmp_path / 'dd/dataset_dict.json'}: field 'splits': missing, or not a list of split names")
+
+
+ARRAYS = {  # JSON arrays of records, well and badly formed, each read in chunks of every size below
+    "pandas": None,  # written by pandas' to_json (records), as in the containers above
+    "spaced": ' \n[ {"a": 12345, "b": [1.5e3, true, null]} ,\n\n  {"c": "x\\"y\\u00e9 ]"}, 7 ]\n',
+    "empty": "[\n]",
+    "numbers at the ends of chunks": "[1234567890, -0.125e-3, 98765, false]",
+    "malformed record": '[{"a": 1},\n  {"b": 2,, "c": 3}]',
+    "unterminated": '[{"a": 1},\n {"b": "two',
+    "no comma": '[{"a": 1}\n {"b": 2}]',
+    "trailing comma": '[{"a": 1},\n]',
+    "extra data": '[{"a": 1}]\n{"b": 2}',
+    "no closing bracket": '[{"a": 1}',
+}
+
+
+@pytest.mark.parametrize("chunk", [1, 2, 3, 7, 1 << 20])
+@pytest.mark.parametrize("case", ARRAYS)
+def test_a_json_array_is_read_record_by_record_as_json_load_reads_it_whole(tmp_path, monkeypatch, case, chunk):
+    """containers.JSON_CHUNK characters at a time: the same records as json.load, or the same
+    error line and column, whatever the chunks cut (a number, a string, an escape, the blanks)."""
+    path = tmp_path / "data.json"
+    if ARRAYS[case] is None:
+        write(records("messages") * 3, "json", path)
+    else:
+        path.write_text(ARRAYS[case], encoding="utf-8")
+    monkeypatch.setattr(containers, "JSON_CHUNK", chunk)
+    try:
+        expected = [(f"{path}: record {i}", record) for i, record in enumerate(json.loads(path.read_text()))]
+    except json.JSONDecodeError as e:
+        message = one_line_error(lambda: list(read_records(path)))
+        assert message.startswith(f"{path}:{e.lineno}: malformed JSON: ") and message.endswith(f"(column {e.colno})")
+    else:
+        assert list(read_records(path)) == expected
