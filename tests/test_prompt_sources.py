@@ -20,6 +20,7 @@ from eaglenest.data.sources import read_sources
 from eaglenest.evaluate.summary import prompt_sources_line
 from eaglenest.report.data import prompt_sources_table, write_prompt_sources_table
 from eaglenest.workflow.errors import InputError
+from eaglenest.workflow.parts import part_of
 
 SYSTEM = {"role": "system", "content": "Answer in one line."}
 
@@ -196,6 +197,36 @@ def test_the_same_id_with_other_messages_is_refused_naming_both_records(tmp_path
     b = write([{"id": "x", "messages": [{"role": "user", "content": "two"}]}], "parquet", tmp_path / "b.parquet")
     with pytest.raises(InputError, match=rf"^{b}: row 0: field 'id': 'x' again, with other messages than at {a}:1$"):
         read_back(tmp_path, [{"path": str(a)}, {"path": str(b)}])
+
+
+def test_an_integer_id_is_its_string_in_data_prompts_as_in_data_sources_and_a_bad_id_the_same_error(tmp_path):
+    """data.prompts and a source of shape prompts take one file alike: the integer id 7 is "7"
+    in both (split_prompts sends it to the part of "7"), a boolean id is refused in the same words."""
+    path = tmp_path / "p.jsonl"
+    path.write_text('{"id": 7, "messages": [{"role": "user", "content": "seven?"}]}\n'
+                    '{"id": "x", "messages": [{"role": "user", "content": "ex?"}]}\n')
+    assert [prompt_id for prompt_id, _, _ in read_prompts(path)] == ["7", "x"]
+    prompts, _ = read_back(tmp_path, [{"path": str(path), "shape": "prompts"}])
+    assert [p["id"] for p in prompts] == ["7", "x"]
+    split_prompts(path, tmp_path / "parts", 4)
+    assert '"id": 7' in (tmp_path / f"parts/part_{part_of('7', 4):05d}.jsonl").read_text()
+    path.write_text('{"id": true, "messages": [{"role": "user", "content": "yes?"}]}\n')
+    message = f"{path}:1: field 'id': expected a non-empty string or an integer, got true"
+    assert one_line_error(lambda: read_prompts(path)) == message
+    assert one_line_error(lambda: read_back(tmp_path, [{"path": str(path), "shape": "prompts"}])) == message
+    assert one_line_error(lambda: read_back(tmp_path, [{"path": str(path), "shape": "messages"}])) == message
+
+
+def test_a_mixture_without_a_prompt_fails_at_once_naming_its_sources(tmp_path):
+    """Records with nothing to answer (an assistant turn alone) and duplicates: read_prompts fails,
+    not a later stage on the empty prompts file, and writes nothing."""
+    unanswerable = [{"messages": [{"role": "assistant", "content": f"hello {i}"}]} for i in range(3)]
+    a = write(unanswerable, "jsonl", tmp_path / "a.jsonl")
+    b = write(unanswerable[:2], "parquet", tmp_path / "b.parquet")
+    assert one_line_error(lambda: read_back(tmp_path, [{"path": str(a)}, {"path": str(b), "weight": 1}])) == (
+        f"config: data.sources: the mixture gives no prompt ({a}: 3 records, 0 giving prompts, 3 dropped as nothing "
+        f"to answer; {b}: 2 records, 0 giving prompts, 2 dropped as duplicate)")
+    assert not (tmp_path / "out").exists() or not any((tmp_path / "out").iterdir())
 
 
 def test_a_count_above_what_a_source_has_and_a_dataset_dict_are_refused_clearly(tmp_path):
