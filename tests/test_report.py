@@ -367,26 +367,34 @@ PYTHON = re.compile(r"\{'|\bNone\b|\bTrue\b|\bFalse\b|\[\s*['\"]")
 
 @pytest.mark.parametrize("edit", ["as_is", "sources_and_limits"])
 def test_the_captions_and_the_front_page_put_config_values_in_words(edit):
-    """Every report/*.rst rendered (Jinja, as `snakemake --report` renders it) with the config's
-    nulls and lists, and with data.sources, eval.max_prompts and eval.draft_sample_methods set."""
+    """Every report/*.rst rendered as `snakemake --report` renders it (Jinja with trim_blocks and
+    lstrip_blocks, then docutils) with the config's nulls and lists, and with data.sources,
+    eval.max_prompts and eval.draft_sample_methods set: well-formed text without Python in it."""
     import jinja2
     import yaml
+    from docutils.core import publish_parts
 
     config = yaml.safe_load((REPO / "config.yaml").read_text())
     if edit == "sources_and_limits":
         config["data"] |= {"prompts": None, "sources": [{"path": "a.jsonl", "weight": 1}, {"path": "b.parquet"}]}
         config["eval"] |= {"max_prompts": 5, "draft_sample_methods": ["greedy", "probabilistic"]}
-    pages = {path.name: jinja2.Template(path.read_text()).render(snakemake=SimpleNamespace(config=config))
-             for path in (REPO / "report").glob("*.rst")}
-    for name, page in pages.items():
-        assert not PYTHON.findall(page), (name, PYTHON.findall(page))
-    front = " ".join(pages["workflow.rst"].split())
+    env = jinja2.Environment(trim_blocks=True, lstrip_blocks=True)
+    pages = {}
+    for path in (REPO / "report").glob("*.rst"):
+        text = env.from_string(path.read_text()).render(snakemake=SimpleNamespace(config=config))
+        links = "\n" + "".join(f"\n.. _{name}: #\n" for name in set(re.findall(r"(?<!`)`([^`]+)`_", text)))  # Snakemake's, to results
+        rendered = publish_parts(text + links, writer_name="html")["html_body"]
+        assert "System Message" not in rendered, path.name
+        pages[path.name] = text_of(rendered)
+        assert not PYTHON.findall(pages[path.name]), (path.name, PYTHON.findall(pages[path.name]))
+    front = pages["workflow.rst"]
     if edit == "as_is":
-        assert "``chat`` (``resources/demo/eval_chat.jsonl``), every prompt of each" in front
+        assert "the prompts of resources/demo/prompts.jsonl in vLLM, in 4 parts" in front
+        assert "chat ( resources/demo/eval_chat.jsonl ), every prompt of each (48 tokens per prompt)" in front
         assert "(unset: greedy, and probabilistic above temperature 0)" in front
     else:
-        assert "the 2 datasets of ``data.sources``, mixed" in front and "at most 5 prompts of each" in front
-        assert "(greedy and probabilistic)" in front
+        assert "the prompts of the 2 datasets of data.sources , mixed ( read_prompts ) in vLLM" in front
+        assert "at most 5 prompts of each (48 tokens per prompt)" in front and "(greedy and probabilistic)" in front
 
 
 def test_the_summary_puts_counts_in_words():
