@@ -398,7 +398,7 @@ def test_the_captions_and_the_front_page_put_config_values_in_words(edit):
 
 
 def test_the_summary_puts_counts_in_words():
-    assert counts_in_words({"too_long": 3, "no_generated_tokens": 0, "duplicate": 1}) == "3 too long, 1 duplicate"
+    assert counts_in_words({"too_long": 3, "no_generated_tokens": 0, "duplicate": 1024}) == "3 too long, 1,024 duplicate"
     assert counts_in_words({}) == "none"
 
 

@@ -64,8 +64,9 @@ def serving_table(online):
 
 
 def counts_in_words(counts):
-    """{reason: n} as a person writes it: "3 too long, 1 duplicate" (reasons with none left out), or "none"."""
-    return ", ".join(f"{n} {reason.replace('_', ' ')}" for reason, n in counts.items() if n) or "none"
+    """{reason: n} as a person writes it: "3 too long, 1,024 duplicate" (reasons with none left
+    out), or "none" (the summary's and the report's drops and rejections)."""
+    return ", ".join(f"{n:,} {reason.replace('_', ' ')}" for reason, n in counts.items() if n) or "none"
 
 
 def prompt_sources_line(counts_path):
