@@ -120,8 +120,11 @@ class _JsonText:
     def value(self):
         """Decode the next JSON value, reading on while it runs past the text held: an object,
         array or string is whole at its closing character, a number or literal only where a
-        delimiter follows it ("12" may go on as "123", "1.5" as "1.5e3" in the next chunk)."""
+        delimiter follows it ("12" may go on as "123", "1.5" as "1.5e3" in the next chunk). An
+        error that more text leaves where it was is the record's own (but an unterminated string,
+        which may be longer than the text held): the rest of the file is not read for it."""
         self.peek()
+        last = None
         while True:
             try:
                 value, end = self.decoder.raw_decode(self.buffer, self.pos)
@@ -129,8 +132,10 @@ class _JsonText:
                     self.pos = end
                     return value
             except json.JSONDecodeError as e:
-                if self.ended:
+                error = (e.msg, e.pos - self.pos)  # where in the record
+                if self.ended or (error == last and not e.msg.startswith("Unterminated string")):
                     self.fail(e.pos, e.msg)
+                last = error
             self.more()
 
 
