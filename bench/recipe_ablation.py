@@ -36,6 +36,7 @@ import yaml
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from eaglenest.workflow.atomic import atomic_path  # noqa: E402
 from eaglenest.workflow.serving import fitted_temperature  # noqa: E402
 
 OUT = REPO / "results/recipe"
@@ -52,6 +53,13 @@ OURS = ({"optimizer": "adamw", "weight_decay": 0.0, "schedule": "cosine", "warmu
          "train_lm_head": True, "muon_lr": None, "adamw_betas": [0.9, 0.95], "mask_alignment": "predicted",
          "length_sorted": True, "packed_steps": False, "warmup_from_zero": False},
         {"norm_before_residual": False, "norm_before_fc": False, "norm_output": False})
+
+
+def times_lr(factor):
+    """A setting of `factor` x the run's `lr`, whatever it is (settings() resolves it)."""
+    return lambda train: factor * train["lr"]
+
+
 VARIANTS = {
     "ours": ({}, {}),
     "muon": ({"optimizer": "muon", "weight_decay": 0.01, "muon_weight_decay": 0.1}, {}),  # muon_lr None: lr
@@ -74,15 +82,15 @@ VARIANTS = {
     "warmup_from_zero": ({"warmup_from_zero": True}, {}),  # transformers' warmup: step 0 at lr 0
     # not differences from speculators: Muon at 5 and 20 x lr (the first ablation's mistaken
     # "default" of 10 x lr, halved and doubled)
-    "muon_lr_half": ({"muon_lr": 0.015}, {}),
-    "muon_lr_double": ({"muon_lr": 0.06}, {}),
+    "muon_5lr": ({"muon_lr": times_lr(5)}, {}),
+    "muon_20lr": ({"muon_lr": times_lr(20)}, {}),
     # nor these: the total variation distance beside the soft CE (docs/TRAINING.md, "Recipe")
     "tv": ({"tv_weight": 1.0}, {}),
     "tv_half": ({"tv_weight": 0.5}, {}),
     "tv_double": ({"tv_weight": 2.0}, {}),
     # Muon at twice and half `lr`, over the adopted muon+tv+norms (theirs: `muon_lr` = `lr`)
-    "muon_2lr": ({"muon_lr": 0.006}, {}),
-    "muon_half_lr": ({"muon_lr": 0.0015}, {}),
+    "muon_2lr": ({"muon_lr": times_lr(2)}, {}),
+    "muon_half_lr": ({"muon_lr": times_lr(0.5)}, {}),
     "muon_no_decay": ({"muon_weight_decay": 0.0}, {}),  # theirs: 0.1
 }
 THEIRS = ("muon", "linear", "equal_steps", "supervise_all", "frozen_lm_head", "norms", "init", "betas", "input_mask",
@@ -94,14 +102,14 @@ VARIANTS["theirs"] = tuple(  # every difference at once: speculators 0.9.0's def
 
 def settings(variant, config):
     """(train settings, drafter geometry) of a variant name ("a+b": both), the temperature
-    resolved as the workflow resolves it."""
+    resolved as the workflow resolves it, settings relative to `lr` (times_lr) as numbers."""
     train = dict(config["train"]) | {"temperature": fitted_temperature(config)} | OURS[0]
     drafter = dict(config["drafter"]) | OURS[1]
     for name in variant.split("+"):
         train_overrides, drafter_overrides = VARIANTS[name]
         train |= train_overrides
         drafter |= drafter_overrides
-    return train, drafter
+    return {key: value(train) if callable(value) else value for key, value in train.items()}, drafter
 
 
 def demo_config():
@@ -178,7 +186,8 @@ def run_variant(variant, seed, cores, temperature=0.0, draft_sample_method="gree
               "train_s": float(rows[-1]["elapsed_s"]),
               **serve(config, root / "drafter", prompts, outputs, root / f"vllm{served}.json", temperature,
                       draft_sample_method)}
-    (root / f"result{served}.json").write_text(json.dumps(result, indent=1) + "\n")
+    with atomic_path(root / f"result{served}.json") as tmp:  # resuming trusts a result that is there: whole or none
+        tmp.write_text(json.dumps(result, indent=1) + "\n")
 
 
 def table(results):

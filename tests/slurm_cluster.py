@@ -12,6 +12,10 @@ No accounting daemon: job states come from squeue.
 
     python tests/slurm_cluster.py start /tmp/slurm    # prints the SLURM_CONF to export
     python tests/slurm_cluster.py stop /tmp/slurm     # cancels the jobs, stops the daemons by pid
+
+A folder can be started again after a stop (its configuration, keys and devices rewritten), and
+stop does all it can whatever state the cluster is in: a dead slurmctld only skips the jobs'
+cancelling, every daemon of ours is stopped and the /etc link removed.
 """
 
 import json
@@ -122,16 +126,24 @@ class LocalSlurm:
         return result.stdout
 
     def start(self, gpu_model=GPU_MODEL, gpus=GPUS, timeout_s=60.0):
-        """Write the configuration, start the daemons, wait until both nodes are idle."""
+        """Write the configuration, start the daemons, wait until both nodes are idle. A folder
+        stopped before is started afresh; one whose daemons run is refused."""
+        running = [name for name, pid in self.pids().items() if alive(pid)]
+        if running:
+            raise RuntimeError(f"{', '.join(running)} of the cluster in {self.folder} still run: stop it first "
+                               f"(python tests/slurm_cluster.py stop {self.folder})")
+        if SYSTEM_CONF.is_symlink() and SYSTEM_CONF.resolve() == self.conf:
+            SYSTEM_CONF.unlink()  # left by this folder's cluster, none of whose daemons runs
+        if SYSTEM_CONF.exists() or SYSTEM_CONF.is_symlink():
+            raise RuntimeError(f"{SYSTEM_CONF} exists (-> {SYSTEM_CONF.resolve()}): another cluster is configured on "
+                               "this machine; stop it first (python tests/slurm_cluster.py stop FOLDER)")
         for sub in ("state", *(f"spool/{node}" for node in NODES)):
             (self.folder / sub).mkdir(parents=True, exist_ok=True)
         self.folder.chmod(0o755)  # munged: its socket's folder must be searchable by all
         key = self.folder / "munge.key"
         key.write_bytes(secrets.token_bytes(1024))
         key.chmod(0o600)
-        if SYSTEM_CONF.exists() or SYSTEM_CONF.is_symlink():
-            raise RuntimeError(f"{SYSTEM_CONF} exists (-> {SYSTEM_CONF.resolve()}): another cluster is configured on "
-                               "this machine; stop it first (python tests/slurm_cluster.py stop FOLDER)")
+        (self.folder / "munge.socket").unlink(missing_ok=True)  # a stopped munged's: wait for the new one's
         host = socket.gethostname()
         ports = {name: free_port() for name in ("slurmctld", *NODES)}
         self.conf.write_text(slurm_conf(self.folder, host, ports, gpu_model, gpus))
@@ -141,6 +153,7 @@ class LocalSlurm:
         # the nodes of a real cluster each have their /dev/nvidia0-7.
         (self.folder / "dev").mkdir(exist_ok=True)
         for i in range(gpus):
+            (self.folder / "dev" / f"gpu{i}").unlink(missing_ok=True)  # an earlier start's
             os.mknod(self.folder / "dev" / f"gpu{i}", 0o600 | stat.S_IFCHR, os.makedev(1, 3))
         (self.folder / "gres.conf").write_text("".join(
             f"NodeName={node} Name=gpu Type={gpu_model} File={self.folder}/dev/gpu[0-{gpus - 1}]\n" for node in NODES))
@@ -190,19 +203,30 @@ class LocalSlurm:
         return json.loads(path.read_text()) if path.exists() else {}
 
     def stop(self, timeout_s=30.0):
-        """Cancel every job, then stop the daemons we started, by pid (SIGKILL after timeout_s)."""
+        """Cancel every job (where slurmctld and a slurmd live), then stop the daemons we started,
+        by pid (SIGKILL after timeout_s), and remove the /etc link: each step whatever the others met."""
         pids = self.pids()
-        if any(name.startswith("slurmd") and alive(pid) for name, pid in pids.items()):
-            subprocess.run(["scancel", "--full", "--user", "root"], env=self.env, capture_output=True)
-            deadline = time.monotonic() + timeout_s
-            while time.monotonic() < deadline and self.run("squeue", "--noheader", "--states=running,completing"):
-                time.sleep(0.5)
-        for name in reversed(DAEMONS):
-            if name in pids:
-                stop_process(pids[name], timeout_s)
-        (self.folder / "pids.json").unlink(missing_ok=True)
-        if SYSTEM_CONF.is_symlink() and SYSTEM_CONF.resolve() == self.conf:
-            SYSTEM_CONF.unlink()
+        running = {name for name, pid in pids.items() if alive(pid)}
+        try:
+            if "slurmctld" in running and any(f"slurmd-{node}" in running for node in NODES):
+                subprocess.run(["scancel", "--full", "--user", "root"], env=self.env, capture_output=True)
+                deadline = time.monotonic() + timeout_s
+                while time.monotonic() < deadline and self.jobs_running():
+                    time.sleep(0.5)
+        finally:
+            for name in reversed(DAEMONS):
+                if name in pids:
+                    stop_process(pids[name], timeout_s)
+            (self.folder / "pids.json").unlink(missing_ok=True)
+            if SYSTEM_CONF.is_symlink() and SYSTEM_CONF.resolve() == self.conf:
+                SYSTEM_CONF.unlink()
+
+    def jobs_running(self):
+        """Whether a job runs or completes; False once slurmctld does not answer (it died: no job will end)."""
+        try:
+            return bool(self.run("squeue", "--noheader", "--states=running,completing").strip())
+        except RuntimeError:
+            return False
 
 
 def alive(pid):
@@ -219,15 +243,18 @@ def alive(pid):
 
 
 def stop_process(pid, timeout_s):
-    if not alive(pid):
-        return
-    os.kill(pid, signal.SIGTERM)
-    deadline = time.monotonic() + timeout_s
-    while alive(pid):
-        if time.monotonic() > deadline:
-            os.kill(pid, signal.SIGKILL)
-            deadline = float("inf")
-        time.sleep(0.1)
+    """SIGTERM, then SIGKILL after timeout_s; a process that ends meanwhile is stopped too."""
+    try:
+        if alive(pid):
+            os.kill(pid, signal.SIGTERM)
+        deadline = time.monotonic() + timeout_s
+        while alive(pid):
+            if time.monotonic() > deadline:
+                os.kill(pid, signal.SIGKILL)
+                deadline = float("inf")
+            time.sleep(0.1)
+    except ProcessLookupError:
+        pass
 
 
 if __name__ == "__main__":

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from eaglenest.evaluate.expected import (estimate, family_z, greedy_terms, ratio_standard_error, replay, sample_counts,
-                                         sampled_terms)
+                                         sample_seed, sampled_terms)
 
 V, K = 6, 2
 
@@ -167,6 +167,20 @@ def test_replay_weighs_the_last_step_by_its_acceptance_and_sample_counts_follow_
     # fractional weights: the expected count is their product times the last acceptance, whatever was drawn
     _, _, halves = replay(generated, 7, weights * 0.5, acceptance)
     assert halves[1, 0] == pytest.approx(0.5 * 0.7)
+
+
+def test_each_sample_draws_its_own_uniforms_so_the_by_prompt_standard_error_sees_their_spread():
+    """200 samples of one text and length, each weight 1/2: with draws of their own (sample_seed of
+    each id) samples match as chance has it, the indicator's rate is 1/2 within its noise, and its
+    by-prompt standard error is the binomial one. Samples sharing one stream would all match alike,
+    and the same standard error would be 0."""
+    generated, weights = torch.ones(12, dtype=torch.bool), torch.full((1, 12), 0.5)
+    matched = [replay(generated, 12, weights, weights, seed=sample_seed(f"heldout/1/p{i}"))[1][0] for i in range(200)]
+    assert len({tuple(m.tolist()) for m in matched}) > 150  # of 4,096 patterns: a few alike by chance, not all
+    accepted = [float(m.sum()) for m in matched]
+    assert sum(accepted) / (12 * 200) == pytest.approx(0.5, abs=0.04)  # 4 binomial standard errors
+    assert ratio_standard_error(accepted, [12] * 200) == pytest.approx(math.sqrt(0.25 / (12 * 200)), rel=0.2)
+    assert sample_seed("heldout/1/p0") == sample_seed("heldout/1/p0") != sample_seed("heldout/1/p1")
 
 
 def test_the_probabilistic_estimate_agrees_with_a_simulated_rejection_sampler_and_beats_greedy():

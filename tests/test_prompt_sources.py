@@ -12,12 +12,15 @@ import pandas as pd
 import pytest
 
 from conftest import edit_config, new_workdir, planned, snakemake
+from eaglenest.data import containers
+from eaglenest.data.containers import read_records
 from eaglenest.data.generate import split_prompts
 from eaglenest.data.prompts import read_prompts
 from eaglenest.data.sources import read_sources
 from eaglenest.evaluate.summary import prompt_sources_line
 from eaglenest.report.data import prompt_sources_table, write_prompt_sources_table
 from eaglenest.workflow.errors import InputError
+from eaglenest.workflow.parts import part_of
 
 SYSTEM = {"role": "system", "content": "Answer in one line."}
 
@@ -196,6 +199,36 @@ def test_the_same_id_with_other_messages_is_refused_naming_both_records(tmp_path
         read_back(tmp_path, [{"path": str(a)}, {"path": str(b)}])
 
 
+def test_an_integer_id_is_its_string_in_data_prompts_as_in_data_sources_and_a_bad_id_the_same_error(tmp_path):
+    """data.prompts and a source of shape prompts take one file alike: the integer id 7 is "7"
+    in both (split_prompts sends it to the part of "7"), a boolean id is refused in the same words."""
+    path = tmp_path / "p.jsonl"
+    path.write_text('{"id": 7, "messages": [{"role": "user", "content": "seven?"}]}\n'
+                    '{"id": "x", "messages": [{"role": "user", "content": "ex?"}]}\n')
+    assert [prompt_id for prompt_id, _, _ in read_prompts(path)] == ["7", "x"]
+    prompts, _ = read_back(tmp_path, [{"path": str(path), "shape": "prompts"}])
+    assert [p["id"] for p in prompts] == ["7", "x"]
+    split_prompts(path, tmp_path / "parts", 4)
+    assert '"id": 7' in (tmp_path / f"parts/part_{part_of('7', 4):05d}.jsonl").read_text()
+    path.write_text('{"id": true, "messages": [{"role": "user", "content": "yes?"}]}\n')
+    message = f"{path}:1: field 'id': expected a non-empty string or an integer, got true"
+    assert one_line_error(lambda: read_prompts(path)) == message
+    assert one_line_error(lambda: read_back(tmp_path, [{"path": str(path), "shape": "prompts"}])) == message
+    assert one_line_error(lambda: read_back(tmp_path, [{"path": str(path), "shape": "messages"}])) == message
+
+
+def test_a_mixture_without_a_prompt_fails_at_once_naming_its_sources(tmp_path):
+    """Records with nothing to answer (an assistant turn alone) and duplicates: read_prompts fails,
+    not a later stage on the empty prompts file, and writes nothing."""
+    unanswerable = [{"messages": [{"role": "assistant", "content": f"hello {i}"}]} for i in range(3)]
+    a = write(unanswerable, "jsonl", tmp_path / "a.jsonl")
+    b = write(unanswerable[:2], "parquet", tmp_path / "b.parquet")
+    assert one_line_error(lambda: read_back(tmp_path, [{"path": str(a)}, {"path": str(b), "weight": 1}])) == (
+        f"config: data.sources: the mixture gives no prompt ({a}: 3 records, 0 giving prompts, 3 dropped as nothing "
+        f"to answer; {b}: 2 records, 0 giving prompts, 2 dropped as duplicate)")
+    assert not (tmp_path / "out").exists() or not any((tmp_path / "out").iterdir())
+
+
 def test_a_count_above_what_a_source_has_and_a_dataset_dict_are_refused_clearly(tmp_path):
     a = write(numbered(3), "jsonl", tmp_path / "a.jsonl")
     with pytest.raises(InputError, match=r"^config: data.sources\[0\].count: 5 records asked of .*a.jsonl, which gives 3$"):
@@ -250,3 +283,67 @@ def test_data_prompts_and_data_sources_are_one_or_the_other(tmp_path):
     assert result.returncode != 0 and "config: data.prompts, data.sources: give one of them" in result.stdout + result.stderr
     (tmp_path / "plain").mkdir()
     assert "read_prompts" not in planned(new_workdir(tmp_path / "plain"))  # data.prompts: no reading stage
+
+
+def one_line_error(call):
+    """The InputError `call()` raises, as text: one line, as every bad input's."""
+    with pytest.raises(InputError) as error:
+        call()
+    assert "\n" not in str(error.value)
+    return str(error.value)
+
+
+def test_a_file_that_is_no_text_a_missing_arrow_file_and_a_broken_dataset_dict_are_one_line_errors(tmp_path):
+    parquet = write(numbered(3), "parquet", tmp_path / "data.bin")  # Parquet, but not named so: read as text
+    assert one_line_error(lambda: list(read_records(parquet))) == (
+        f"{parquet}: not UTF-8 text, so neither JSON nor JSONL (Parquet and Arrow files are told by their suffix: "
+        "name it .parquet or .arrow)")
+    jsonl = write(numbered(300), "jsonl", tmp_path / "late.jsonl")  # a bad byte past the first block decoded
+    jsonl.write_bytes(jsonl.read_bytes() + b'{"messages": "\xff"}\n')
+    assert re.fullmatch(rf"{jsonl}: not UTF-8 text after line \d+", one_line_error(lambda: list(read_records(jsonl))))
+    saved = write(numbered(3), "save_to_disk", tmp_path / "saved")
+    [arrow] = saved.glob("*.arrow")
+    arrow.unlink()
+    assert one_line_error(lambda: read_records(saved)) == (
+        f"{saved / 'state.json'}: field '_data_files': {arrow.name} is not in {saved}")
+    datasets.DatasetDict({"train": datasets.Dataset.from_list(numbered(2))}).save_to_disk(str(tmp_path / "dd"))
+    (tmp_path / "dd/dataset_dict.json").write_text('{"splits": ["train"]')
+    assert one_line_error(lambda: read_records(tmp_path / "dd")) == (
+        f"{tmp_path / 'dd/dataset_dict.json'}:1: malformed JSON: Expecting ',' delimiter (column 21)")
+    (tmp_path / "dd/dataset_dict.json").write_text('{"splits": "train"}')
+    assert one_line_error(lambda: read_records(tmp_path / "dd")) == (
+        f"{tmp_path / 'dd/dataset_dict.json'}: field 'splits': missing, or not a list of split names")
+
+
+ARRAYS = {  # JSON arrays of records, well and badly formed, each read in chunks of every size below
+    "pandas": None,  # written by pandas' to_json (records), as in the containers above
+    "spaced": ' \n[ {"a": 12345, "b": [1.5e3, true, null]} ,\n\n  {"c": "x\\"y\\u00e9 ]"}, 7 ]\n',
+    "empty": "[\n]",
+    "numbers at the ends of chunks": "[1234567890, -0.125e-3, 98765, false]",
+    "malformed record": '[{"a": 1},\n  {"b": 2,, "c": 3}]',
+    "unterminated": '[{"a": 1},\n {"b": "two',
+    "no comma": '[{"a": 1}\n {"b": 2}]',
+    "trailing comma": '[{"a": 1},\n]',
+    "extra data": '[{"a": 1}]\n{"b": 2}',
+    "no closing bracket": '[{"a": 1}',
+}
+
+
+@pytest.mark.parametrize("chunk", [1, 2, 3, 7, 1 << 20])
+@pytest.mark.parametrize("case", ARRAYS)
+def test_a_json_array_is_read_record_by_record_as_json_load_reads_it_whole(tmp_path, monkeypatch, case, chunk):
+    """containers.JSON_CHUNK characters at a time: the same records as json.load, or the same
+    error line and column, whatever the chunks cut (a number, a string, an escape, the blanks)."""
+    path = tmp_path / "data.json"
+    if ARRAYS[case] is None:
+        write(records("messages") * 3, "json", path)
+    else:
+        path.write_text(ARRAYS[case], encoding="utf-8")
+    monkeypatch.setattr(containers, "JSON_CHUNK", chunk)
+    try:
+        expected = [(f"{path}: record {i}", record) for i, record in enumerate(json.loads(path.read_text()))]
+    except json.JSONDecodeError as e:
+        message = one_line_error(lambda: list(read_records(path)))
+        assert message.startswith(f"{path}:{e.lineno}: malformed JSON: ") and message.endswith(f"(column {e.colno})")
+    else:
+        assert list(read_records(path)) == expected

@@ -7,14 +7,16 @@ import html
 import json
 import re
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
 
+from conftest import REPO
 from eaglenest.data.vocab import vocab_map
 from eaglenest.evaluate.acceptance import acceptance, share_of_ceiling
 from eaglenest.evaluate.online import recommend
-from eaglenest.evaluate.summary import greedy_identity
+from eaglenest.evaluate.summary import counts_in_words, greedy_identity
 from eaglenest.plan.plan import sample_counts
 from eaglenest.report.common import percent
 from eaglenest.report.data import (coverage_curve, coverage_table, plot_coverage, plot_sample_lengths,
@@ -373,6 +375,51 @@ def test_the_report_holds_every_category_figure_and_caption(report_html, built):
     for category in CATEGORIES:
         for name in CATEGORIES[category] - {"vocab_coverage.html", "acceptance.html"}:  # linked from the front page
             assert f"showResultInfo('results/report/{name}')" in description, name
+    assert "the training data's held-out split)" in text and "at most 16 prompts of each (64 tokens per prompt)" in text
+    for where, words in [("front page", text), ("summary.md", (built / "results/summary.md").read_text()),
+                         *((name, text_of(result["caption"])) for name, result in results.items())]:
+        assert not PYTHON.findall(words), (where, PYTHON.findall(words))
+
+
+# What Python prints and a person does not write: a dict, None, True, False, a list of quoted strings
+PYTHON = re.compile(r"\{'|\bNone\b|\bTrue\b|\bFalse\b|\[\s*['\"]")
+
+
+@pytest.mark.parametrize("edit", ["as_is", "sources_and_limits"])
+def test_the_captions_and_the_front_page_put_config_values_in_words(edit):
+    """Every report/*.rst rendered as `snakemake --report` renders it (Jinja with trim_blocks and
+    lstrip_blocks, then docutils) with the config's nulls and lists, and with data.sources,
+    eval.max_prompts and eval.draft_sample_methods set: well-formed text without Python in it."""
+    import jinja2
+    import yaml
+    from docutils.core import publish_parts
+
+    config = yaml.safe_load((REPO / "config.yaml").read_text())
+    if edit == "sources_and_limits":
+        config["data"] |= {"prompts": None, "sources": [{"path": "a.jsonl", "weight": 1}, {"path": "b.parquet"}]}
+        config["eval"] |= {"max_prompts": 5, "draft_sample_methods": ["greedy", "probabilistic"]}
+    env = jinja2.Environment(trim_blocks=True, lstrip_blocks=True)
+    pages = {}
+    for path in (REPO / "report").glob("*.rst"):
+        text = env.from_string(path.read_text()).render(snakemake=SimpleNamespace(config=config))
+        links = "\n" + "".join(f"\n.. _{name}: #\n" for name in set(re.findall(r"(?<!`)`([^`]+)`_", text)))  # Snakemake's, to results
+        rendered = publish_parts(text + links, writer_name="html")["html_body"]
+        assert "System Message" not in rendered, path.name
+        pages[path.name] = text_of(rendered)
+        assert not PYTHON.findall(pages[path.name]), (path.name, PYTHON.findall(pages[path.name]))
+    front = pages["workflow.rst"]
+    if edit == "as_is":
+        assert "the prompts of resources/demo/prompts.jsonl in vLLM, in 4 parts" in front
+        assert "chat ( resources/demo/eval_chat.jsonl ), every prompt of each (48 tokens per prompt)" in front
+        assert "(unset: greedy, and probabilistic above temperature 0)" in front
+    else:
+        assert "the prompts of the 2 datasets of data.sources , mixed ( read_prompts ) in vLLM" in front
+        assert "at most 5 prompts of each (48 tokens per prompt)" in front and "(greedy and probabilistic)" in front
+
+
+def test_the_summary_puts_counts_in_words():
+    assert counts_in_words({"too_long": 3, "no_generated_tokens": 0, "duplicate": 1024}) == "3 too long, 1,024 duplicate"
+    assert counts_in_words({}) == "none"
 
 
 def test_the_built_runs_figures_carry_its_numbers(built):

@@ -24,7 +24,7 @@ import yaml
 from safetensors import safe_open
 
 from conftest import DEMO_RAW, REPO, edit_config, merge, new_workdir, snakemake
-from slurm_cluster import GPU_MODEL, NODES, LocalSlurm, alive, node_share
+from slurm_cluster import GPU_MODEL, NODES, SYSTEM_CONF, LocalSlurm, alive, node_share
 from test_profiles import CLUSTER_PYTHON
 
 TARGETS = ["results/data/tokenized_data.jsonl", "results/data/token_freq.pt"]
@@ -225,6 +225,21 @@ def local_digests(workdir):
 
 def field(record, name):
     return re.search(rf"\b{name}=(\S*)", record)[1]
+
+
+def test_the_cluster_stops_with_slurmctld_dead_and_starts_again_in_its_folder(slurm):
+    """`make slurm-stop` after slurmctld died stops every daemon and removes the /etc link;
+    `make slurm-start` on the stopped folder starts it afresh. First in the file: the session's
+    cluster, started again, serves the tests below."""
+    before = slurm.pids()
+    os.kill(before["slurmctld"], signal.SIGKILL)
+    while alive(before["slurmctld"]):
+        time.sleep(0.1)
+    slurm.stop()
+    assert not [name for name, pid in before.items() if alive(pid)] and not SYSTEM_CONF.is_symlink()
+    slurm.start()
+    assert slurm.idle() and SYSTEM_CONF.resolve() == slurm.conf
+    assert set(slurm.pids()) == set(before) and not set(slurm.pids().values()) & set(before.values())
 
 
 def test_every_job_is_a_slurm_job_on_the_profiles_partition_with_its_log(runs):

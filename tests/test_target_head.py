@@ -18,7 +18,7 @@ from eaglenest.drafter.model import Drafter, DrafterConfig, cached_attend, ttt_a
 from eaglenest.evaluate.acceptance import acceptance, accepted_lengths, chain_drafts, served_anchors
 from eaglenest.evaluate.agreement import load_drafter_copy, misreadings, offline_estimates, trained_drafter
 from eaglenest.evaluate.agreement_states import AgreementStates, extract_agreement_states
-from eaglenest.evaluate.expected import ceiling_outcomes, estimate, sample_counts
+from eaglenest.evaluate.expected import ceiling_outcomes, estimate, sample_counts, sample_seed
 from eaglenest.states.hf import extract_shard
 from eaglenest.states.manifest import write_manifest
 from eaglenest.states.shards import collate, read_shard
@@ -299,7 +299,7 @@ def test_the_agreement_checks_offline_side_runs_on_bf16_states(data, trained, tm
                                               head=head, device="cpu", ceiling=True)
     assert with_ceiling == expected
     alone = [sample_counts(*ceiling_outcomes(states[i], min(int(states[i]["loss_mask"].sum()), 64), K, head=head,
-                                             temperature=1.0), K) for i in sampled]
+                                             temperature=1.0, seed=sample_seed(states[i]["id"])), K) for i in sampled]
     assert ceiling[K] == estimate(alone, K)
     rates = expected[K]["acceptance_rate_per_position"]
     assert all(0 <= r <= 1 for r in rates) and rates == sorted(rates, reverse=True)

@@ -13,7 +13,7 @@ import yaml
 from conftest import REPO, assert_tracked_as_logged, tensorboard_scalars
 from eaglenest.evaluate.offline import evaluate_offline
 from eaglenest.train.loop import train_drafter
-from eaglenest.workflow.tracking import DEFAULTS
+from eaglenest.workflow.tracking import DEFAULTS, open_trackers
 from test_train import HELDOUT, K, data, train_args  # noqa: F401 (data: the shards' fixture)
 
 STEPS = 12
@@ -61,15 +61,15 @@ def test_mlflow_gets_every_step_in_a_file_store(tracked):
     assert_tracked_as_logged(scalars, tracked / "train_log.tsv")
 
 
-def wandb_history(path):
-    """{key: [(step, value)]} of the history records in a W&B run file (run-*.wandb): W&B's record
-    log (a 7-byte header, then 32 KiB blocks of chunks: crc32 4 bytes, length 2, type 1, where
-    type 1 is a whole record, 2-4 its first, middle and last chunks), each record W&B's own protobuf."""
+def wandb_records(path):
+    """The records of a W&B run file (run-*.wandb), W&B's own protobuf: its record log is a
+    7-byte header, then 32 KiB blocks of chunks (crc32 4 bytes, length 2, type 1, where type 1 is
+    a whole record, 2-4 its first, middle and last chunks)."""
     from wandb.proto.wandb_internal_pb2 import Record
 
     data, block = path.read_bytes(), 32768
     assert data[:4] == b":W&B"
-    history, position, record = {}, 7, b""
+    position, record = 7, b""
     while position + 7 <= len(data):
         if block - position % block < 7:  # a block's tail too short for a chunk header is padding
             position += block - position % block
@@ -80,13 +80,19 @@ def wandb_history(path):
         record += data[position + 7:position + 7 + length]
         position += 7 + length
         if kind in (1, 4):
-            parsed = Record.FromString(record)
+            yield Record.FromString(record)
             record = b""
-            if parsed.WhichOneof("record_type") == "history":
-                for item in parsed.history.item:
-                    key = item.key or "/".join(item.nested_key)  # W&B splits "train/loss" into a nested key
-                    if not key.startswith("_"):  # _step, _runtime, _timestamp: W&B's own
-                        history.setdefault(key, []).append((parsed.history.step.num, json.loads(item.value_json)))
+
+
+def wandb_history(path):
+    """{key: [(step, value)]} of the history records in a W&B run file."""
+    history = {}
+    for record in wandb_records(path):
+        if record.WhichOneof("record_type") == "history":
+            for item in record.history.item:
+                key = item.key or "/".join(item.nested_key)  # W&B splits "train/loss" into a nested key
+                if not key.startswith("_"):  # _step, _runtime, _timestamp: W&B's own
+                    history.setdefault(key, []).append((record.history.step.num, json.loads(item.value_json)))
     return history
 
 
@@ -104,6 +110,37 @@ def test_an_unreachable_mlflow_server_warns_and_training_completes(data, tmp_pat
     assert (folder / "drafter" / "model.safetensors").is_file()
     assert len((folder / "train_log.tsv").read_text().splitlines()) == 1 + STEPS
     assert not (folder / "tensorboard").exists()  # tensorboard: false
+
+
+def test_a_tracker_dropped_after_an_error_and_the_trackers_of_a_failed_stage_end_their_runs_failed(tmp_path, monkeypatch):
+    """MLflow refuses a metric's name: its run is ended FAILED at once, while the stage goes on. A
+    stage that raises ends its MLflow run FAILED and its W&B run with exit code 1 (none left RUNNING)."""
+    from mlflow import MlflowClient
+
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    client = MlflowClient(tracking_uri=f"file:{tmp_path}/mlruns")
+    mlflow = {"enabled": True, "tracking_uri": f"file:{tmp_path}/mlruns", "experiment": "test"}
+
+    def status(name):
+        [run] = client.search_runs([client.get_experiment_by_name("test").experiment_id],
+                                   filter_string=f"attributes.run_name = '{name}'")
+        return run.info.status
+
+    with open_trackers({"tensorboard": False, "mlflow": mlflow}, tmp_path / "dropped", "dropped") as trackers:
+        trackers.log({"loss": 1.0}, step=1)
+        assert status("dropped") == "RUNNING"
+        trackers.log({"bad*name": 1.0}, step=2)  # Names may only contain alphanumerics, ...
+        assert trackers.trackers == [] and status("dropped") == "FAILED"
+    with pytest.raises(RuntimeError, match="the stage failed"):
+        with open_trackers({"tensorboard": False, "mlflow": mlflow, "wandb": {"enabled": True, "mode": "offline",
+                                                                              "project": "test"}},
+                           tmp_path / "failed", "failed") as trackers:
+            trackers.log({"loss": 1.0}, step=1)
+            raise RuntimeError("the stage failed")
+    assert status("failed") == "FAILED"
+    [run_file] = (tmp_path / "failed/wandb").glob("offline-run-*/run-*.wandb")
+    assert [r.exit.exit_code for r in wandb_records(run_file) if r.WhichOneof("record_type") == "exit"] == [1]
 
 
 def test_without_tracking_nothing_is_written_beside_the_log(data, tmp_path):

@@ -208,7 +208,8 @@ def test_a_bad_suite_file_fails_its_prompts_with_file_line_field(workdir):
     suite.write_text("\n".join(lines) + "\n")
     edit_config(workdir, {"eval": {"suites": [{"name": "mine", "prompts": "resources/my_suite.jsonl"}]}})
     result = snakemake(workdir, "results/eval/prompts/mine.jsonl", check=False)
-    message = r"my_suite\.jsonl:2: field 'messages\[1\]\.role': expected one of \('system', 'user', 'assistant'\), got 'robot'"
+    message = (r"my_suite\.jsonl:2: field 'messages\[1\]\.role': 'robot' is no role the chat template takes "
+               r"\(system, user, assistant\)")
     assert result.returncode != 0 and re.search(message, (workdir / "results/logs/eval_prompts/mine.log").read_text())
     assert not (workdir / "results/eval/prompts/mine.jsonl").exists()
     edit_config(workdir, {"eval": {"suites": [{"name": "heldout", "prompts": "resources/my_suite.jsonl"}]}})

@@ -93,9 +93,10 @@ def answers(prompt_id, temperatures, samples_per_prompt):
 
 def split_prompts(prompts_path, parts_dir, num_parts):
     """The split_prompts checkpoint: check every prompt (errors name file:line:field), then write
-    each to its part in `parts_dir`, lines verbatim (eaglenest.workflow.parts.split_lines)."""
+    each to its part in `parts_dir` by its id as read_prompts reads it (an integer id as its
+    string), lines verbatim (eaglenest.workflow.parts.split_lines)."""
     count = len(read_prompts(prompts_path))
-    per_part = split_lines(prompts_path, parts_dir, num_parts)
+    per_part = split_lines(prompts_path, parts_dir, num_parts, record_id=lambda where, prompt: str(prompt["id"]))
     log.info("%d prompts in %d parts (%d to %d a part)", count, num_parts, min(per_part), max(per_part))
     return per_part
 

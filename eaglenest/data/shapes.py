@@ -15,7 +15,7 @@ words, independently of the others (so any part can answer it).
 import hashlib
 import json
 
-from eaglenest.data.prompts import ROLES, parse_messages
+from eaglenest.data.prompts import parse_id, parse_messages, parse_turns
 from eaglenest.workflow.errors import InputError
 from eaglenest.workflow.jsonl import Fields
 
@@ -36,23 +36,6 @@ def detect_shape(where, record):
             return shape
     raise InputError(f"{where}: unknown record shape: no field 'conversations' (ShareGPT), 'messages' "
                      f"(OpenAI/UltraChat) or 'instruction' (Alpaca/Magpie); its fields: {', '.join(sorted(record))}")
-
-
-def _turns(fields, field, role_key, content_key, roles):
-    """The non-empty list `field` of {role_key, content_key} -> [{role, content}], roles mapped by `roles`."""
-    turns = fields.get(field, list)
-    if not turns:
-        raise fields.error(field, "empty conversation")
-    out = []
-    for i, turn in enumerate(turns):
-        if not isinstance(turn, dict):
-            raise fields.error(f"{field}[{i}]", f"expected object, got {type(turn).__name__}")
-        t = Fields(fields.where, turn, f"{field}[{i}].")
-        role = t.get(role_key, str)
-        if role not in roles:
-            raise t.error(role_key, f"{role!r} is no role the chat template takes ({', '.join(roles)})")
-        out.append({"role": roles[role], "content": t.get(content_key, str)})
-    return out
 
 
 def _instruction(fields):
@@ -77,20 +60,17 @@ def conversation(where, record, shape):
     if shape == "instruction":
         return _instruction(fields)
     if shape == "sharegpt":
-        return _turns(fields, "conversations", "from", "value", SHAREGPT_ROLES)
-    return _turns(fields, "messages", "role", "content", {role: role for role in ROLES})
+        return parse_turns(fields, "conversations", "from", "value", SHAREGPT_ROLES)
+    return parse_turns(fields)
 
 
 def record_id(where, record, messages):
-    """The record's "id" (a string or an integer), else one derived from its content: the first 16
-    hex digits of the sha256 of its messages as canonical JSON, so the same conversation always
-    gets the same id and appending records never renames the others."""
-    if "id" in record and record["id"] is not None:
-        value = record["id"]
-        if isinstance(value, bool) or not isinstance(value, (str, int)) or value == "":
-            raise InputError(f"{where}: field 'id': expected a non-empty string or an integer, got {value!r}")
-        return str(value)
-    return hashlib.sha256(canonical(messages).encode()).hexdigest()[:16]
+    """The record's "id" (prompts.parse_id: a string, or an integer as its string), else one
+    derived from its content: the first 16 hex digits of the sha256 of its messages as canonical
+    JSON, so the same conversation always gets the same id and appending records never renames
+    the others."""
+    given = parse_id(Fields(where, record), optional=True)
+    return given if given is not None else hashlib.sha256(canonical(messages).encode()).hexdigest()[:16]
 
 
 def canonical(messages):

@@ -4,14 +4,16 @@ split_prompts and generation take as they take data.prompts.
 
 Each source is read whole and checked before anything is written: a record of an unknown shape,
 a role the chat template cannot take or an empty conversation fails the stage with one line
-naming the file, the record and the field, and the output appears only when every source was
-read (atomically). What is kept and why the rest is not goes to a small JSON beside the prompts
+naming the file, the record and the field, as does a mixture that gives no prompt at all (naming
+the sources and what each dropped), and the output appears only when every source was read
+(atomically). What is kept and why the rest is not goes to a small JSON beside the prompts
 (per source: records read, dropped by reason, prompts written), which the summary and the report
 show.
 
 Mixing is by record (a conversation keeps its turns together): a source with `count` gives that
-many records, sources with `weight` share what is left in those proportions, as many as the
-sources allow, and a source with neither gives all of its records. Which records a source gives
+many records, sources with `weight` share in those proportions as many records as they allow
+(the largest mixture at which no weighted source runs out, whatever the others give), and a
+source with neither gives all of its records. Which records a source gives
 is decided by a hash of mix_seed and the record's id (the lowest hashes), not by drawing in file
 order, so appending records to a source changes the choice by the records it gains or displaces
 only, and generation redoes only the parts whose prompts changed. Kept records stay in source
@@ -123,6 +125,11 @@ def read_sources(sources, prompts_out, counts_out, *, mix_seed):
         reader = _Reader(candidates)
         read = [reader.read(source["path"], source.get("shape") or "auto") for source in sources]
         sizes = sample_sizes([len(kept) for _, kept in read], sources)
+        if not any(sizes):  # each record taken gives a prompt: none taken, nothing to write
+            raise InputError("config: data.sources: the mixture gives no prompt (" + "; ".join(
+                f"{summary['path']}: {summary['records']} records, {len(kept)} giving prompts"
+                + "".join(f", {n} dropped as {reason}" for reason, n in summary["dropped"].items() if n)
+                for summary, kept in read) + ")")
         counts = []
         candidates.seek(0)
         with atomic_path(prompts_out) as tmp, open(tmp, "wb") as out:

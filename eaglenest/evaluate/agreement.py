@@ -36,7 +36,8 @@ from eaglenest.drafter.load import drafter_from_state, load_drafter
 from eaglenest.drafter.model import DrafterConfig
 from eaglenest.evaluate.acceptance import acceptance_fields, share_of_ceiling
 from eaglenest.evaluate.agreement_states import AgreementStates, layer_misreadings
-from eaglenest.evaluate.expected import CEILING_DESCRIPTIONS, CEILINGS, ceiling_outcomes, chain_outcomes, estimate, family_z, sample_counts
+from eaglenest.evaluate.expected import (CEILING_DESCRIPTIONS, CEILINGS, ceiling_outcomes, chain_outcomes, estimate,
+                                         family_z, sample_counts, sample_seed)
 from eaglenest.evaluate.greedy_identity import judge_divergences
 from eaglenest.evaluate.online import recommend
 from eaglenest.states.manifest import read_manifest
@@ -83,17 +84,19 @@ def offline_estimates(states, indices, variants, Ks, *, temperature, max_tokens,
     counts = [{K: [] for K in Ks} for _ in range(len(variants) + ceiling)]
     ticker = ProgressLines(f"agreement check, T={temperature:g}, {method}", len(indices), "samples", logger=log)
     for i in indices:
-        sample = dequantize_states({key: value.to(device) for key, value in states[i].items() if key != "id"},
+        stored = states[i]
+        sample = dequantize_states({key: value.to(device) for key, value in stored.items() if key != "id"},
                                    torch.float32)  # FP8 states: dequantized on the device
         served = min(int(sample["loss_mask"].sum()), max_tokens)
         text = {key: sample[key] for key in ("input_ids", "loss_mask", "final_hidden_states")}
+        seed = sample_seed(stored["id"])  # the sample's draws, the same for every variant (they are compared)
         outcomes = [chain_outcomes(drafter, text | {"aux_hidden_states": sample["aux_hidden_states"][:, cols]},
-                                   served, max(Ks), head=head, temperature=temperature, method=method)
+                                   served, max(Ks), head=head, temperature=temperature, method=method, seed=seed)
                     for (drafter, _), cols in zip(variants, columns)]
         if ceiling:
             targets = variants[0][0].draft_to_target(torch.arange(len(variants[0][0].d2t), device=device))
             outcomes.append(ceiling_outcomes(text, served, max(Ks), head=head, temperature=temperature, method=method,
-                                             targets=targets))
+                                             targets=targets, seed=seed))
         for (anchors, matched, probs), per_k in zip(outcomes, counts):
             for K in Ks:
                 per_k[K].append(sample_counts(anchors, matched, probs, K))

@@ -27,7 +27,9 @@ and gives two estimates:
 
 - indicator: depth k counts as accepted iff a uniform draw falls below w_j at every depth j <= k
   (for greedy drafts: iff they equal the text, exactly as at temperature 0). Each anchor's outcome
-  follows the law of vLLM's run, so this is what vLLM would count, on another sample.
+  follows the law of vLLM's run, so this is what vLLM would count, on another sample. Each sample
+  draws from a stream of its own (sample_seed: a hash of its id), so samples are independent, as
+  the standard errors below assume, and a sample draws the same on every run.
 - expected (what the comparison uses): w_0 ... w_{k-1} a_k, the indicator's expectation given the
   text, exact at each anchor's last step (a Rao-Blackwellised estimate: the same mean, less variance).
 
@@ -41,6 +43,7 @@ vLLM's counters are a sample of the indicator's law on the same prompts, so thei
 indicator's; a gap is measured in sqrt(SE_indicator^2 + SE_expected^2).
 """
 
+import hashlib
 import math
 from statistics import NormalDist
 
@@ -73,6 +76,12 @@ CEILING_DESCRIPTIONS = {  # vllm_metrics.json's "ceilings": each in a sentence
 }
 
 
+def sample_seed(sample_id):
+    """The seed of a sample's uniform draws in replay(): a hash of its id (agreement states'
+    "suite/temperature/prompt id"), so no two samples share draws."""
+    return int.from_bytes(hashlib.sha256(str(sample_id).encode()).digest()[:8], "little")
+
+
 def sampled(method, temperature):
     """Whether drafts are sampled (probabilistic drafting above temperature 0) rather than the argmax."""
     return method == PROBABILISTIC and temperature > 0
@@ -97,11 +106,12 @@ def _target_probs(sample, head, temperature, targets):
 
 
 @torch.no_grad()
-def chain_outcomes(drafter, sample, served_tokens, K, *, head=None, temperature=0.0, method=GREEDY):
+def chain_outcomes(drafter, sample, served_tokens, K, *, head=None, temperature=0.0, method=GREEDY, seed=0):
     """replay() of the drafter's chain drafts on one sample: input_ids [T], loss_mask [T] (the
     continuation, possibly longer than served), aux_hidden_states [T, 3H] and final_hidden_states
     [T, H]. served_tokens: how many of the continuation's tokens the served run generated; head:
-    the target's TargetHead, read above temperature 0; method: vLLM's draft_sample_method."""
+    the target's TargetHead, read above temperature 0; method: vLLM's draft_sample_method; seed:
+    the sample's draws (sample_seed)."""
     ids, generated = sample["input_ids"], sample["loss_mask"].bool()
     if sampled(method, temperature):
         q = [d[0] for d in chain_distributions(drafter, ids[None], sample["aux_hidden_states"][None], K, temperature)]
@@ -110,28 +120,28 @@ def chain_outcomes(drafter, sample, served_tokens, K, *, head=None, temperature=
     else:
         drafts = [d[0] for d in chain_drafts(drafter, ids[None], sample["aux_hidden_states"][None], K)]
         terms = greedy_terms(ids, generated, drafts, _token_probs(sample, head, temperature, ids.device))
-    return replay(generated, served_tokens, *terms)
+    return replay(generated, served_tokens, *terms, seed=seed)
 
 
 @torch.no_grad()
-def ceiling_outcomes(sample, served_tokens, K, *, head, temperature, method=GREEDY, targets=None):
+def ceiling_outcomes(sample, served_tokens, K, *, head, temperature, method=GREEDY, targets=None, seed=0):
     """chain_outcomes() of the oracle that bounds `method` on this text, from the sample's
     final_hidden_states through the target's norm and lm_head. Greedy: the oracle drafting the
     target's own argmax (acceptance.oracle_drafts), accepted with max p_T above temperature 0, on
     greedy text always (below 1 there means the states' argmax and the served text disagree:
     numerics). Probabilistic: the oracle whose draft distribution is p_T restricted to the draft
     vocab (target ids `targets`), accepted with p_T's mass there, the most sum min(p_T, q) allows
-    any q on the draft vocab."""
+    any q on the draft vocab. seed: the sample's draws (sample_seed)."""
     ids, generated = sample["input_ids"], sample["loss_mask"].bool()
     if sampled(method, temperature):
         p_draft, p_next = _target_probs(sample, head, temperature, targets)
         oracle = p_draft / p_draft.sum(-1, keepdim=True).clamp_min(torch.finfo(p_draft.dtype).tiny)
         q = [shift_left(oracle[None], k + 1, 0.0)[0] for k in range(K)]  # depth k at anchor t: p_T after t+k+1
-        return replay(generated, served_tokens, *sampled_terms(ids, generated, q, targets, p_draft, p_next))
+        return replay(generated, served_tokens, *sampled_terms(ids, generated, q, targets, p_draft, p_next), seed=seed)
     target_argmax = head.argmax(sample["final_hidden_states"].to(head.lm_head.device)).to(ids.device)
     drafts = [d[0] for d in oracle_drafts(target_argmax[None], K)]
     return replay(generated, served_tokens,
-                  *greedy_terms(ids, generated, drafts, _token_probs(sample, head, temperature, ids.device)))
+                  *greedy_terms(ids, generated, drafts, _token_probs(sample, head, temperature, ids.device)), seed=seed)
 
 
 def greedy_terms(ids, generated, drafts, token_probs=None):
@@ -185,7 +195,8 @@ def replay(generated, served_tokens, weights, acceptance=None, seed=0):
     every shallower one accepted; expected [K, T]: w_0 ... w_{k-1} a_k, or None at temperature 0,
     where matched says it all). Module docstring: weights w and acceptance a (greedy_terms,
     sampled_terms); generated [T]: which of the text's tokens the target generated. The
-    indicator's uniform draws come from `seed` (binary weights need none: theirs is exact)."""
+    indicator's uniform draws come from `seed`, the sample's own (sample_seed; binary weights
+    need none: theirs is exact)."""
     served = generated & (generated.cumsum(0) <= served_tokens)
     anchors = draft_anchors(served[None])[0]
     draws = torch.rand(weights.shape, generator=torch.Generator().manual_seed(seed)).to(weights.device)

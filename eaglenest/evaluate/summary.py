@@ -78,14 +78,19 @@ def greedy_identity(online):
             f"{worst['margin']:.3g} of tolerance {worst['tolerance']:.3g})")
 
 
+def counts_in_words(counts):
+    """{reason: n} as a person writes it: "3 too long, 1,024 duplicate" (reasons with none left
+    out), or "none" (the summary's and the report's drops and rejections)."""
+    return ", ".join(f"{n:,} {reason.replace('_', ' ')}" for reason, n in counts.items() if n) or "none"
+
+
 def prompt_sources_line(counts_path):
     """What read_prompts took of each of data.sources (its counts file) and why not the rest."""
     counts = json.load(open(counts_path))
     parts = []
     for source in counts["sources"]:
-        dropped = ", ".join(f"{n} {reason}" for reason, n in source["dropped"].items() if n) or "none"
         parts.append(f"{source['path']} ({source['shape']}): {source['prompts']} prompts from {source['used']} of "
-                     f"{source['records']} records (dropped: {dropped})")
+                     f"{source['records']} records (dropped: {counts_in_words(source['dropped'])})")
     return f"- prompts: {counts['prompts']} from {len(parts)} sources (mix_seed {counts['mix_seed']}): " + "; ".join(parts)
 
 
@@ -104,7 +109,7 @@ def write_summary(tokenize_report, coverage, train_log, offline_metrics, vllm_me
         "",
         *([prompt_sources_line(prompt_sources)] if prompt_sources else []),
         f"- samples: {report['samples_in']} in, {report['samples_out']} tokenized "
-        f"({report['truncated']} truncated, rejected: {report['rejected'] or 'none'}); "
+        f"({report['truncated']} truncated, rejected: {counts_in_words(report['rejected'])}); "
         f"{report['tokens']} tokens, {report['generated_tokens']} generated",
         f"- draft vocab: {cov['draft_vocab_size']} of {cov['target_vocab_size']} ids, "
         f"covering {cov['coverage']:.1%} of generated tokens",

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from eaglenest.evaluate.summary import counts_in_words
 from eaglenest.plan.rates import benchmark_span, read_benchmark
 from eaglenest.report.common import DASH, count, duration, percent, read_json, size, write_tables
 from eaglenest.report.evaluate import agreement_sentence, suite_names
@@ -54,7 +55,6 @@ def _target_row(a, target_source):
 
 def _data_rows(a, bench, generated_here):
     report, cov = a["tokenize"], a["coverage"]
-    rejected = ", ".join(f"{n:,} {why.replace('_', ' ')}" for why, n in report["rejected"].items()) or "none"
     generate = (_row("generate", "split_prompts, generate_part, generate_responses", "prompts",
                      f"{count(report['samples_in'])} response records", benchmarks(bench, "generate/part_*.tsv"))
                 if generated_here else
@@ -65,7 +65,7 @@ def _data_rows(a, bench, generated_here):
         _row("tokenize", "tokenize", f"{count(report['samples_in'])} response records",
              f"{count(report['samples_out'])} samples, {count(report['tokens'])} tokens "
              f"({count(report['generated_tokens'])} generated); {count(report['truncated'])} truncated; "
-             f"dropped: {rejected}"),
+             f"dropped: {counts_in_words(report['rejected'])}"),
         _row("draft vocabulary", "token_freq, vocab_map", f"{count(cov['generated_tokens'])} generated tokens "
              f"({count(cov['distinct_generated_tokens'])} distinct ids)",
              f"{count(cov['draft_vocab_size'])} of {count(cov['target_vocab_size'])} ids, covering "

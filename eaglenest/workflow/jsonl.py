@@ -12,16 +12,20 @@ from eaglenest.workflow.errors import InputError
 def jsonl_lines(path):
     """(where, line, object) for each non-blank line of a JSONL file, where = "file:line" and line
     the text as read (for copying lines verbatim); malformed JSON raises InputError naming the
-    line and column."""
+    line and column, text that is not UTF-8 the last line read before it (text is decoded in blocks)."""
     with open(path, encoding="utf-8") as f:
-        for line_no, text in enumerate(f, 1):
-            if not text.strip():
-                continue
-            where = f"{path}:{line_no}"
-            try:
-                yield where, text, json.loads(text)
-            except json.JSONDecodeError as e:
-                raise InputError(f"{where}: malformed JSON: {e.msg} (column {e.colno})") from None
+        line_no = 0
+        try:
+            for line_no, text in enumerate(f, 1):
+                if not text.strip():
+                    continue
+                where = f"{path}:{line_no}"
+                try:
+                    yield where, text, json.loads(text)
+                except json.JSONDecodeError as e:
+                    raise InputError(f"{where}: malformed JSON: {e.msg} (column {e.colno})") from None
+        except UnicodeDecodeError:
+            raise InputError(f"{path}: not UTF-8 text" + (f" after line {line_no}" if line_no else "")) from None
 
 
 def read_jsonl(path):

@@ -4,7 +4,9 @@ when the config's `tracking` section turns them on (docs/TRAINING.md "Watching t
 Observability only. Nothing an artifact holds comes from here: the tracking settings are in no
 rule's params, this module is plumbing (eaglenest.workflow.fingerprint: editing it rebuilds
 nothing), and a tracker that fails, to start or to log (no server, no login, not installed), logs
-a warning and is dropped: it never fails the stage. W&B and MLflow (the `trackers` extra) are
+a warning and is dropped: it never fails the stage. A dropped tracker is closed as failed (an
+MLflow run FAILED, a W&B run finished with exit code 1), as are all of them when the stage fails:
+no run is left RUNNING. W&B and MLflow (the `trackers` extra) are
 imported only when enabled; TensorBoard's writer is torch's (torch.utils.tensorboard)."""
 
 import contextlib
@@ -48,7 +50,7 @@ class TensorBoard:
         for tag, value in metrics.items():
             self.writer.add_scalar(tag, value, step)
 
-    def close(self):
+    def close(self, failed=False):
         self.writer.close()
 
 
@@ -66,8 +68,8 @@ class WandB:
     def log(self, metrics, step):
         self.run.log(metrics, step=step)
 
-    def close(self):
-        self.run.finish()
+    def close(self, failed=False):
+        self.run.finish(exit_code=1 if failed else 0)
 
 
 class MLflow:
@@ -91,12 +93,13 @@ class MLflow:
         now = int(time.time() * 1000)
         self.client.log_batch(self.run_id, metrics=[Metric(key, float(value), now, step) for key, value in metrics.items()])
 
-    def close(self):
-        self.client.set_terminated(self.run_id)
+    def close(self, failed=False):
+        self.client.set_terminated(self.run_id, status="FAILED" if failed else "FINISHED")
 
 
 class Trackers:
-    """The stage's trackers that started; each log goes to all of them. One that fails is dropped with a warning."""
+    """The stage's trackers that started; each log goes to all of them. One that fails is dropped
+    with a warning, and closed as failed."""
 
     def __init__(self, trackers):
         self.trackers = trackers
@@ -110,6 +113,7 @@ class Trackers:
                 self.trackers.remove(tracker)
                 log.warning("%s: logging failed, no more figures go to it (the stage goes on): %s: %s",
                             type(tracker).__name__, type(e).__name__, e)
+                close_tracker(tracker, failed=True)
 
     def flush(self):
         """Put TensorBoard's points so far on disk (W&B and MLflow send as they log): a run resumed
@@ -121,19 +125,25 @@ class Trackers:
                 except Exception as e:
                     log.warning("TensorBoard: flushing failed (the stage goes on): %s: %s", type(e).__name__, e)
 
-    def close(self):
+    def close(self, failed=False):
+        """Close every tracker; `failed`: the stage failed, and so does each run."""
         for tracker in self.trackers:
-            try:
-                tracker.close()
-            except Exception as e:
-                log.warning("%s: closing failed (the stage goes on): %s: %s", type(tracker).__name__, type(e).__name__, e)
+            close_tracker(tracker, failed)
+
+
+def close_tracker(tracker, failed):
+    try:
+        tracker.close(failed)
+    except Exception as e:
+        log.warning("%s: closing failed (the stage goes on): %s: %s", type(tracker).__name__, type(e).__name__, e)
 
 
 @contextlib.contextmanager
 def open_trackers(section, folder, name, first_step=0):
     """Trackers for the stage `name` (the run's name in each), writing under `folder`, as the
     config's `tracking` section says (None: no tracker at all, as in a stage called outside the
-    workflow). `first_step`: the first step this process logs (see TensorBoard)."""
+    workflow). `first_step`: the first step this process logs (see TensorBoard). The trackers
+    are closed on leaving, as failed if the stage raised."""
     enabled = []
     if section is not None:
         settings = tracking_settings(section)
@@ -148,8 +158,10 @@ def open_trackers(section, folder, name, first_step=0):
     trackers = Trackers(started)
     try:
         yield trackers
-    finally:
-        trackers.close()
+    except BaseException:
+        trackers.close(failed=True)
+        raise
+    trackers.close()
 
 
 def log_acceptance(trackers, runs):
