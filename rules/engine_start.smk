@@ -2,26 +2,24 @@
 # the target's layers and the drafter's share a KV cache block size, and take the dtype), from the
 # target's config.json and the settings alone: eaglenest/plan/engine_start.py. It gates the first
 # stages of the hours (split_prompts before generation, shard_samples before extraction,
-# vllm_baseline before evaluation) so that a drafter engine that cannot start fails the run
-# before them, not after. A checkpoint, read through engine_start_passed: when it reruns (a
-# setting or its code changed) and writes the same bytes, Snakemake re-decides its dependents
-# after it, compares the checksum of the small file and reruns none of them (a dry run, which
-# cannot know the bytes beforehand, lists them as it lists split_prompts' parts).
+# vllm_baseline before evaluation), so that drafter engines that cannot start fail the run before
+# them, not after.
+#
+# Everything downstream of a remade file is remade (docs/PITFALLS.md, "ancient() drops jobs"), so
+# it reruns only with what remakes generation anyway: the target and the engine's dtypes. The
+# drafter layer and geometry and vllm.attention_backend (a speed setting) are read from the config
+# when it runs, and its code is not a param: changing them rebuilds nothing (and checks nothing
+# again: after such a change, `snakemake --forcerun engine_start_check --until engine_start_check`).
 
 
-checkpoint engine_start_check:
+rule engine_start_check:
     input:
         target=TARGET,
     output:
         check=f"{RESULTS}/engine_start_check.json",
     params:
-        # what defines the engines' artifacts; vllm.attention_backend, a speed setting that reruns
-        # nothing (docs/REBUILDING.md), is read from the config when the check runs
         dtype=config["vllm"]["dtype"],
         kv_cache_dtype=config["vllm"]["kv_cache_dtype"],
-        drafter_layer=config["drafter"].get("layer"),  # null: gqa (Llama attention)
-        drafter_head_dim=config["drafter"]["head_dim"],
-        code=code("engine_start_check"),
     log:
         f"{RESULTS}/logs/engine_start_check.log",
     priority: 100
@@ -31,8 +29,3 @@ checkpoint engine_start_check:
         ENV
     script:
         "../scripts/engine_start_check.py"
-
-
-def engine_start_passed(wildcards):
-    """Input of the stages the check gates: its verdict, once the checkpoint has run."""
-    return checkpoints.engine_start_check.get().output.check

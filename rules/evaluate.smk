@@ -91,7 +91,7 @@ rule vllm_baseline:
     input:
         prompts=SUITE_PROMPTS,
         target=TARGET,
-        engine_start=engine_start_passed,  # the drafter engines can start (their stages come after it)
+        engine_start=rules.engine_start_check.output.check,  # the drafter engines can start (their stages come after it)
     output:
         runs=f"{RESULTS}/eval/vllm_baseline.json",
         outputs=f"{RESULTS}/eval/vllm_baseline_outputs.jsonl",

@@ -42,7 +42,7 @@ if not config["data"]["raw_responses"]:
     checkpoint split_prompts:
         input:
             prompts=PROMPTS,
-            engine_start=engine_start_passed,  # the drafter engines can start: before the hours of generation
+            engine_start=rules.engine_start_check.output.check,  # the drafter engines can start: before the hours of generation
         output:
             parts=directory(PROMPT_PARTS),
         params:

@@ -6,7 +6,7 @@
 checkpoint shard_samples:
     input:
         data=TOKENIZED,
-        engine_start=engine_start_passed,  # the drafter engines can start: before the hours of extraction
+        engine_start=rules.engine_start_check.output.check,  # the drafter engines can start: before the hours of extraction
     output:
         parts=directory(PARTS),
     log:

@@ -9,8 +9,9 @@ run_stage(
     snakemake.output.check,
     dtype=snakemake.params.dtype,
     kv_cache_dtype=snakemake.params.kv_cache_dtype,
+    # read when it runs, rebuilding nothing when changed (rules/engine_start.smk)
     attention_backend=snakemake.config["vllm"]["attention_backend"],
-    drafter_layer=snakemake.params.drafter_layer,
-    drafter_head_dim=snakemake.params.drafter_head_dim,
+    drafter_layer=snakemake.config["drafter"].get("layer"),
+    drafter_head_dim=snakemake.config["drafter"]["head_dim"],
     gpus=snakemake.resources.gpu,
 )

@@ -128,8 +128,7 @@ def test_config_changes_plan_exactly_their_stages(workdir, update, reruns, shard
     edit_config(workdir, update)
     plan = planned(workdir)
     if reruns == "everything":
-        # split_prompts too: a dry run lists it behind engine_start_check, a checkpoint (a new target is
-        # checked again); a real run re-decides it after the check, whose bytes are the same, and keeps the parts
+        # split_prompts too: a new target is checked again (engine_start_check), and the split follows it
         assert set(plan) == set(planned(workdir, "-F"))
     else:
         assert set(plan) == reruns

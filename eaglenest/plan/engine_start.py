@@ -127,8 +127,7 @@ def check_engine_start(target_dir, out_path, *, dtype, kv_cache_dtype, attention
                        drafter_head_dim=None):
     """The engine_start_check stage: one InputError line with the reason and what would start (the
     drafter layer, the dtype or the attention backend changed), or out_path {"ok": true} (the
-    same bytes whatever passed: a setting that changes no verdict rebuilds nothing downstream;
-    the backends picked are in the log)."""
+    backends picked are in the log)."""
     text_config = target_config(target_dir)
     settings = {"dtype": dtype, "kv_cache_dtype": kv_cache_dtype, "attention_backend": attention_backend,
                 "drafter_layer": drafter_layer or "gqa",
