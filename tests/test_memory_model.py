@@ -39,9 +39,18 @@ TINY = DrafterConfig(target_vocab_size=200, draft_vocab_size=96, hidden_size=48,
 # 1.0212-1.0220, 1.0003-1.0015, 0.9990-0.9995; the largest miss 2.20%, a size's spread at most 0.12%.
 # The bound: the doc's 2.3% plus twice that noise.
 TOLERANCE = 0.025
-# The recipe's options that change what training holds: the norm flags (the geometry) and a frozen lm_head
+# The recipe's options that change what training holds: the norm flags (the geometry), a frozen
+# lm_head, the layer. The mla layer's v_head_dim differs from its q/k head (nope + rope), as
+# Kimi's 128 from 192; with q_lora_rank (q_a_proj, q_a_layernorm, q_b_proj) and without (q_proj),
+# with YaRN (the softmax factor on q) and without.
 NORMED = dataclasses.replace(TINY, norm_before_fc=True, norm_output=True)
-RECIPES = {"plain": (TINY, True), "norms": (NORMED, True), "norms, frozen lm_head": (NORMED, False)}
+MLA = dataclasses.replace(TINY, layer="mla", num_key_value_heads=4, head_dim=8, q_lora_rank=32, kv_lora_rank=24,
+                          qk_nope_head_dim=16, qk_rope_head_dim=8, v_head_dim=12)
+MLA_YARN = dataclasses.replace(MLA, q_lora_rank=None, norm_output=True, max_position_embeddings=256,
+                               rope_scaling={"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64,
+                                             "mscale": 1.0, "mscale_all_dim": 1.0})
+RECIPES = {"plain": (TINY, True), "norms": (NORMED, True), "norms, frozen lm_head": (NORMED, False),
+           "mla": (MLA, True), "mla without q_lora_rank, yarn, norm_output, frozen lm_head": (MLA_YARN, False)}
 
 
 @pytest.mark.parametrize("config, train_lm_head", RECIPES.values(), ids=RECIPES)

@@ -21,19 +21,55 @@ BETWEEN_STEPS = ("weights", "optimizer_states", "ddp_buckets", "frozen_embedding
 HELD = (*BETWEEN_STEPS, "batch_stored", "batch_float32")
 
 
+def attention_widths(c):
+    """Per token, the widths of the attention's tensors: (q after RoPE, keys, the values' storage,
+    the attention output). gqa: heads of head_dim. mla (MLAttention): q and k of nh × (nope + rope)
+    (k's rope part expanded to every head by the cat), v a view of kv_b_proj's output
+    nh × (nope + v), which the TTT value list keeps whole, the output nh × v."""
+    if c.layer == "mla":
+        heads, qk = c.num_attention_heads, c.qk_nope_head_dim + c.qk_rope_head_dim
+        return heads * qk, heads * qk, heads * (c.qk_nope_head_dim + c.v_head_dim), heads * c.v_head_dim
+    q, kv = c.num_attention_heads * c.head_dim, c.num_key_value_heads * c.head_dim
+    return q, kv, kv, q
+
+
+def attention_projections(c):
+    """The attention's Linear layers before it, as [rows, columns]: (those making q, those making
+    the keys and values). gqa: q_proj; k_proj, v_proj. mla: q_proj, or q_a_proj and q_b_proj;
+    kv_a_proj_with_mqa and kv_b_proj."""
+    H = c.hidden_size
+    if c.layer == "mla":
+        heads, qk, kv_lora = c.num_attention_heads, c.qk_nope_head_dim + c.qk_rope_head_dim, c.kv_lora_rank
+        query = ([[heads * qk, 2 * H]] if c.q_lora_rank is None
+                 else [[c.q_lora_rank, 2 * H], [heads * qk, c.q_lora_rank]])
+        return query, [[kv_lora + c.qk_rope_head_dim, 2 * H], [heads * (c.qk_nope_head_dim + c.v_head_dim), kv_lora]]
+    q, kv = c.num_attention_heads * c.head_dim, c.num_key_value_heads * c.head_dim
+    return [[q, 2 * H]], [[kv, 2 * H], [kv, 2 * H]]
+
+
+def elements(shapes):
+    """The elements of the matrices of these [rows, columns]."""
+    return sum(rows * columns for rows, columns in shapes)
+
+
 def hidden_matrices(c):
-    """The sizes of the Linear layers but lm_head: fc, q/k/v/o, the MLP (Muon's share), as [rows, columns]."""
-    H, q, kv, I = c.hidden_size, c.num_attention_heads * c.head_dim, c.num_key_value_heads * c.head_dim, c.intermediate_size
-    return [[H, 3 * c.target_hidden_size], [q, 2 * H], [kv, 2 * H], [kv, 2 * H], [H, q], [I, H], [I, H], [H, I]]
+    """The sizes of the Linear layers but lm_head: fc, the attention's (attention_projections and
+    o_proj), the MLP (Muon's share: optim.is_hidden_matrix), as [rows, columns]."""
+    H, I = c.hidden_size, c.intermediate_size
+    query, key_value = attention_projections(c)
+    return [[H, 3 * c.target_hidden_size], *query, *key_value, [H, attention_widths(c)[3]], [I, H], [I, H], [H, I]]
 
 
 def parameter_counts(c, train_lm_head=True):
     """(trainable parameters, those of the Linear layers, the largest trainable Linear) of
-    DrafterConfig `c`: fc, q/k/v/o, the MLP, lm_head (unless frozen), four RMSNorm weights and
-    input_norm's (norm_before_fc). The embedding is the target's (frozen)."""
+    DrafterConfig `c`: fc, the attention's, the MLP, lm_head (unless frozen), four RMSNorm weights,
+    input_norm's (norm_before_fc) and mla's q_a_layernorm (with a q_lora_rank) and kv_a_layernorm
+    (vectors: AdamW's share under Muon). The embedding is the target's (frozen)."""
     lm_head = c.hidden_size * c.draft_vocab_size
     trained = [rows * columns for rows, columns in hidden_matrices(c)] + ([lm_head] if train_lm_head else [])
     norms = 4 * c.hidden_size + (3 * c.target_hidden_size if c.norm_before_fc else 0)
+    if c.layer == "mla":
+        norms += (c.q_lora_rank or 0) + c.kv_lora_rank
     return sum(trained) + norms, sum(trained) + (0 if train_lm_head else lm_head), max(trained)
 
 
@@ -47,7 +83,7 @@ def static_memory(c, *, target_dtype_bytes, tied_embeddings=False, distributed=F
     head, that head's lm_head (none of its own when the target ties it to the embedding) and its
     final norm weight."""
     params = parameter_counts(c, train_lm_head)[0]
-    matrices = sum(rows * columns for rows, columns in hidden_matrices(c)) if optimizer == "muon" else 0
+    matrices = elements(hidden_matrices(c)) if optimizer == "muon" else 0
     V, H = c.target_vocab_size, c.hidden_size
     return {
         "weights": F32 * params,
@@ -87,21 +123,34 @@ def layer_saved(c, autocast):
     """Bytes per token autograd keeps of one TTT step's decoder layer without activation
     checkpointing, as (before the attention, after it). The RMSNorms compute in float32: each keeps
     its float32 input, its normalised value (cast back to the input's dtype) and its [.., 1] scale.
-    Under bf16 autocast the Linear layers keep a bf16 copy of their input each (q, k, v three, gate
-    and up two) and their outputs are bf16; without it the float32 tensors are shared."""
-    H, I, q = c.hidden_size, c.intermediate_size, c.num_attention_heads * c.head_dim
+    Under bf16 autocast the Linear layers keep a bf16 copy of their input each (gqa's q, k, v three,
+    mla's q_a (or q) and kv_a two, gate and up two) and their outputs are bf16; without it the
+    float32 tensors are shared. mla's inner norms return float32 (a float32 weight times the
+    normalised value), kept by q_b_proj and kv_b_proj (autocast: as a bf16 copy); kv_a_layernorm's
+    input is a view of kv_a_proj_with_mqa's output, so in float32 it keeps that whole storage (the
+    rope part too; autocast: a float32 copy of the kv_lora_rank part). RoPE keeps only its cos and
+    sin (positional_saved); the softmax factor, a Python float, nothing."""
+    H, I = c.hidden_size, c.intermediate_size
+    q, _, _, out = attention_widths(c)
     x = BF16 if autocast else F32  # the Linear layers' outputs, normalised values cast back
+    projections = 2 if c.layer == "mla" else 3  # mla: q_a_proj (or q_proj), kv_a_proj_with_mqa
     before = {
         "input_layernorm normalised embeddings (float32: embeds are cast to the fc dtype)": F32 * H,
         "hidden_norm float32 input (autocast: a copy of the bf16 hidden)": F32 * H if autocast else 0,
         "hidden_norm normalised": x * H,
-        "q/k/v input cat[e, hidden_norm(h)] (autocast: a bf16 copy per projection)": 3 * BF16 * 2 * H if autocast
-        else F32 * 2 * H,
+        "attention input cat[e, hidden_norm(h)] (autocast: a bf16 copy per projection reading it)":
+            projections * BF16 * 2 * H if autocast else F32 * 2 * H,
         "q after RoPE (held by the attention checkpoint)": x * q,
         "norm scales [.., 1] (hidden_norm, post_attention_layernorm)": 2 * F32,
     }
+    if c.layer == "mla":
+        inner = {"q_a_layernorm": (c.q_lora_rank or 0, 0), "kv_a_layernorm": (c.kv_lora_rank, c.qk_rope_head_dim)}
+        for norm, (rank, rope) in inner.items():
+            if rank:
+                before |= {f"{norm} float32 input": F32 * (rank + (0 if autocast else rope)),
+                           f"{norm} normalised": x * rank, f"{norm} scale": F32, f"{norm} output, the b_proj's input": x * rank}
     after = {
-        "attention output, o_proj's input": x * q,
+        "attention output, o_proj's input": x * out,
         "residual r, post_attention_layernorm's float32 input": F32 * H,
         "post_attention_layernorm normalised": x * H,
         "gate/up input (autocast: a bf16 copy each)": 2 * BF16 * H if autocast else F32 * H,
@@ -120,7 +169,8 @@ def step_saved(c, autocast, checkpointing, cpu, train_lm_head=True):
     needs no gradient). "kv": the keys after RoPE and the values,
     held by reference (the TTT key/value lists, which the attend closure given to a checkpoint
     keeps), so saved_tensors_hooks do not see them."""
-    H, N, kv = c.hidden_size, c.draft_vocab_size, c.num_key_value_heads * c.head_dim
+    H, N = c.hidden_size, c.draft_vocab_size
+    _, keys, values, _ = attention_widths(c)
     x = BF16 if autocast else F32
     if checkpointing:
         layer = {"embeddings cast to float32": F32 * H,
@@ -133,7 +183,7 @@ def step_saved(c, autocast, checkpointing, cpu, train_lm_head=True):
         "lm": {"norm float32 input": F32 * H, "norm normalised": x * H, "norm scale": F32,
                "lm_head input": x * H if train_lm_head else 0},
         "log_softmax": {"log_softmax output": BF16 * N if autocast and cpu else F32 * N, "the step's mask": BOOL},
-        "kv": {"keys and values after RoPE": 2 * x * kv},
+        "kv": {"keys and values after RoPE": x * (keys + values)},
     }
 
 
@@ -176,14 +226,22 @@ def retained_activations(c, *, tokens, longest, ttt_steps, autocast=False, check
 def recompute_leftover(c, autocast):
     """Bytes per token a checkpointed step's recompute in backward leaves until backward ends: its
     new keys and values go into the TTT lists (which the checkpoint inputs hold), and with them the
-    autograd graph that made them: k/v_proj's input (float32, or their two bf16 copies),
-    input_layernorm's and hidden_norm's normalised values, hidden_norm's scale (and, under autocast,
-    its float32 input copy). Per position it keeps k's cos and sin (positional_saved / 2)."""
-    H, kv = c.hidden_size, c.num_key_value_heads * c.head_dim
+    autograd graph that made them: the input of the projections making them (float32, or a bf16
+    copy each: gqa's k/v_proj two, mla's kv_a_proj_with_mqa one), mla's kv_a_layernorm (as
+    layer_saved) and kv_b_proj's input, input_layernorm's and hidden_norm's normalised values,
+    hidden_norm's scale (and, under autocast, its float32 input copy). Per position it keeps k's
+    cos and sin (positional_saved / 2)."""
+    H = c.hidden_size
+    _, keys, values, _ = attention_widths(c)
     x = BF16 if autocast else F32
-    return {"keys and values after RoPE": 2 * x * kv, "k/v input": 2 * BF16 * 2 * H if autocast else F32 * 2 * H,
-            "input_layernorm normalised": F32 * H, "hidden_norm normalised": x * H,
-            "hidden_norm float32 input": F32 * H if autocast else 0, "hidden_norm scale": F32}
+    readers = 1 if c.layer == "mla" else 2
+    leftover = {"keys and values after RoPE": x * (keys + values),
+                "k/v input": readers * BF16 * 2 * H if autocast else F32 * 2 * H,
+                "input_layernorm normalised": F32 * H, "hidden_norm normalised": x * H,
+                "hidden_norm float32 input": F32 * H if autocast else 0, "hidden_norm scale": F32}
+    if c.layer == "mla":
+        leftover |= {key: value for key, value in layer_saved(c, autocast)[0].items() if key.startswith("kv_a_layernorm")}
+    return leftover
 
 
 def autocast_weights(c, ttt_steps=3, train_lm_head=True):
@@ -221,14 +279,15 @@ ATTENTION_BYTES = {"forward": {False: 12, True: 12}, "backward": {False: 16, Tru
 def step_totals(c, activations, *, tokens, longest, ttt_steps, autocast):
     """Bytes of one TTT step for the micro-batch, by part: the groups of retained_activations (one
     step's share), "before"/"after" (layer_saved), "cos_sin" (positional_saved without checkpointing),
-    "leftover" (recompute_leftover, with k's cos and sin and, under autocast, k/v_proj's bf16
-    weights), "out" (float32: the step output, which a checkpoint of the next step holds)."""
-    H, kv = c.hidden_size, c.num_key_value_heads * c.head_dim
+    "leftover" (recompute_leftover, with k's cos and sin and, under autocast, the bf16 weights of
+    the projections making the keys and values), "out" (float32: the step output, which a
+    checkpoint of the next step holds)."""
+    H = c.hidden_size
     parts = {key: value // ttt_steps for key, value in activations.items() if key != "once"}
     before, after = (tokens * sum(part.values()) for part in layer_saved(c, autocast))
     cos_sin = longest * positional_saved(c, False)
     leftover = (tokens * sum(recompute_leftover(c, autocast).values()) + cos_sin // 2
-                + (BF16 * 2 * 2 * H * kv if autocast else 0))
+                + (BF16 * elements(attention_projections(c)[1]) if autocast else 0))
     return parts | {"once": activations["once"], "before": before, "after": after, "cos_sin": cos_sin,
                     "leftover": leftover, "out": 0 if autocast else F32 * tokens * H}
 
@@ -239,11 +298,12 @@ def forward_moments(c, terms, s, block, *, tokens, ttt_steps, autocast, checkpoi
     embeddings, e and hidden_norm(h), and the blocks' outputs), at_forward_end (the last step's soft
     CE: every step's tensors and logits, the float32 product target × log_softmax, on CPU under
     autocast also the float32 copy of the bf16 log_softmax it makes for it)."""
-    K, H, q = ttt_steps, c.hidden_size, c.num_attention_heads * c.head_dim
+    K, H = ttt_steps, c.hidden_size
+    q, _, _, out = attention_widths(c)
     x = BF16 if autocast else F32
     every = autocast_weights(c, ttt_steps, train_lm_head)[0] if autocast else 0
     one_step = sum(s[key] for key in ("layer", "lm", "log_softmax", "kv", "positions"))
-    up_to_attention = s["kv"] + s["positions"] + tokens * (3 * F32 * H + x * q) + (
+    up_to_attention = s["kv"] + s["positions"] + tokens * (3 * F32 * H + x * out) + (
         s["layer"] + tokens * x * q if checkpointing else s["before"])
     float_scores = F32 * tokens * c.draft_vocab_size
     return {
@@ -279,10 +339,11 @@ def backward_moments(c, terms, s, block, *, tokens, longest, ttt_steps, autocast
     bf16 [positions, N]; either way below at_forward_end, which holds every step's logits.
     at_backward_layer (checkpointing): step j's layer just recomputed, before and after its attention.
     at_optimizer: the optimizer step with every gradient (optimizer_transient)."""
-    K, N, H, q = ttt_steps, c.draft_vocab_size, c.hidden_size, c.num_attention_heads * c.head_dim
+    K, N, H = ttt_steps, c.draft_vocab_size, c.hidden_size
+    out = attention_widths(c)[3]
     x = BF16 if autocast else F32
     params = parameter_counts(c, train_lm_head)[0]
-    fc, qkv = 3 * c.target_hidden_size * H, 2 * H * (q + 2 * c.num_key_value_heads * c.head_dim)
+    fc, qkv = 3 * c.target_hidden_size * H, elements(sum(attention_projections(c), []))
     _, kept, lm_head, layer = autocast_weights(c, ttt_steps, train_lm_head) if autocast else (0, 0, 0, 0)
     kept, layer = (lm_head, layer) if checkpointing else (kept, 0)
     gradients = 0 if accumulating else terms["gradients"]
@@ -303,7 +364,7 @@ def backward_moments(c, terms, s, block, *, tokens, longest, ttt_steps, autocast
                      + later * (s["layer"] + s["kv"] + s["positions"] + s["leftover"]))
             lm_made = 0 if accumulating else F32 * (H * N * train_lm_head + H) if j == K - 1 else made
             layer_done.append(base + lm_made + s["after"] + tokens * H * x)
-        attention.append(base + made + tokens * (q + H) * x + block["backward"])
+        attention.append(base + made + tokens * (out + H) * x + block["backward"])
     moments["at_backward_attention"] = max(attention)
     if checkpointing:
         moments["at_backward_layer"] = max(layer_done)
@@ -322,7 +383,7 @@ def optimizer_transient(c, optimizer, cpu, train_lm_head=True):
     if optimizer == "adamw":
         return F32 * (2 * largest if cpu else params)
     matrices = hidden_matrices(c)
-    rest = params - sum(rows * columns for rows, columns in matrices)
+    rest = params - elements(matrices)
     rest_largest = c.hidden_size * c.draft_vocab_size if train_lm_head else 3 * c.target_hidden_size
     rows, columns = max(matrices, key=lambda shape: shape[0] * shape[1])
     muon = (F32 + 2 * BF16) * rows * columns + 3 * BF16 * min(rows, columns) ** 2
