@@ -292,10 +292,23 @@ def step_totals(c, activations, *, tokens, longest, ttt_steps, autocast):
                     "leftover": leftover, "out": 0 if autocast else F32 * tokens * H}
 
 
+def attention_locals(c, autocast, checkpointing):
+    """Bytes per token MLAttention.forward's locals hold while it attends, besides q, the keys and
+    values and what autograd keeps: q_nope's storage (q_b_proj's or q_proj's output: the cat made
+    q anew), the rotated q_pe and k_pe, and compressed's storage (kv_a_proj_with_mqa's output,
+    which in float32 without checkpointing kv_a_layernorm keeps already). gqa's: none (its q, k,
+    v are the rotated ones)."""
+    if c.layer != "mla":
+        return 0
+    heads, qk, rope = c.num_attention_heads, c.qk_nope_head_dim + c.qk_rope_head_dim, c.qk_rope_head_dim
+    compressed = c.kv_lora_rank + rope if autocast or checkpointing else 0
+    return (BF16 if autocast else F32) * (heads * qk + heads * rope + rope + compressed)
+
+
 def forward_moments(c, terms, s, block, *, tokens, ttt_steps, autocast, checkpointing, cpu, held, train_lm_head):
     """at_head, at_forward_attention (the last step's attention block: the earlier steps' tensors and
     logits, this step's up to its attention with the locals the layer holds then, i.e. the float32
-    embeddings, e and hidden_norm(h), and the blocks' outputs), at_forward_end (the last step's soft
+    embeddings, e and hidden_norm(h), the blocks' outputs and mla's attention_locals), at_forward_end (the last step's soft
     CE: every step's tensors and logits, the float32 product target × log_softmax, on CPU under
     autocast also the float32 copy of the bf16 log_softmax it makes for it)."""
     K, H = ttt_steps, c.hidden_size
@@ -303,7 +316,8 @@ def forward_moments(c, terms, s, block, *, tokens, ttt_steps, autocast, checkpoi
     x = BF16 if autocast else F32
     every = autocast_weights(c, ttt_steps, train_lm_head)[0] if autocast else 0
     one_step = sum(s[key] for key in ("layer", "lm", "log_softmax", "kv", "positions"))
-    up_to_attention = s["kv"] + s["positions"] + tokens * (3 * F32 * H + x * out) + (
+    up_to_attention = s["kv"] + s["positions"] + tokens * (3 * F32 * H + x * out + attention_locals(
+        c, autocast, checkpointing)) + (
         s["layer"] + tokens * x * q if checkpointing else s["before"])
     float_scores = F32 * tokens * c.draft_vocab_size
     return {
