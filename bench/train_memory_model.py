@@ -30,7 +30,12 @@ gives Kimi's config.json (tests/kimi_k25_config.json), draft vocab 32,000, K = 3
 and shards, bf16 autocast, one sample as long as the micro-batch budget, gradients accumulating;
 GB is 10^9 bytes, the GPU's 96 GB taken as 96 × 10^9 (the smaller reading), 10% kept free.
 
-    .venv/bin/python bench/train_memory_model.py    # prints Markdown tables (~3 min on 2 cores)
+The sizes are of the gqa layer, then of the mla layer (MLA_LAYER's fields). `--kimi-layers`: the
+README's Kimi-K2.5 run (16,384 tokens, checkpointing, 8 DDP processes) per drafter layer.
+
+    .venv/bin/python bench/train_memory_model.py                 # prints Markdown tables (~6 min on 2 cores)
+    .venv/bin/python bench/train_memory_model.py --layer mla     # the mla sizes only (~3 min)
+    .venv/bin/python bench/train_memory_model.py --kimi-layers   # Kimi-K2.5's peak per GPU, each layer
 """
 
 import json
@@ -350,14 +355,15 @@ def kimi_layers_table():
     section, the README's geometry), mla at the README's intermediate_size and at mla's default,
     the target's dense MLP."""
     rows = ["| layer | intermediate_size | trainable parameters | held GB | activations GB | peak GB "
-            "| peak with DDP GB (8 processes) |", "|---|---|---|---|---|---|---|"]
+            "| peak with DDP GB | without checkpointing, with DDP GB |", "|---|---|---|---|---|---|---|---|"]
     for layer, intermediate_size in (("gqa", 12288), ("mla", 12288), ("mla", 18432)):
         config = kimi_config(layer, intermediate_size)
         m = kimi_memory(config, 16384, True)
         static = sum(m[key] for key in BETWEEN_STEPS) + m["gradients"] + m["autocast_weights"]
-        ddp = kimi_memory(config, 16384, True, distributed=True)["peak"]
+        ddp = {ck: kimi_memory(config, 16384, ck, distributed=True)["peak"] for ck in (True, False)}
         rows.append(f"| {layer} | {config.intermediate_size:,} | {parameter_counts(config, recipe()['train_lm_head'])[0]:,} "
-                    f"| {static / GB:.1f} | {m['activations'] / GB:.1f} | {m['peak'] / GB:.1f} | {ddp / GB:.1f} |")
+                    f"| {static / GB:.1f} | {m['activations'] / GB:.1f} | {m['peak'] / GB:.1f} | {ddp[True] / GB:.1f} "
+                    f"| {ddp[False] / GB:.1f} |")
     return rows
 
 
