@@ -21,7 +21,7 @@ import pytest
 import torch
 
 from conftest import REPO, saved_storages
-from eaglenest.drafter.model import Drafter, DrafterConfig
+from eaglenest.drafter.model import Drafter, DrafterConfig, ttt_attend
 from eaglenest.train.loss import soft_ce_loss
 from eaglenest.train.memory import (autocast_weights, parameter_counts, retained_activations, static_memory,
                                     training_memory)
@@ -113,6 +113,22 @@ def test_retained_activations_are_what_autograd_saves(checkpointing, autocast, c
     _, kept, lm_head, _ = autocast_weights(config, 3, train_lm_head)
     copies = (lm_head if checkpointing else kept) if autocast else 0
     assert saved_bytes(drafter, 2, 8, autocast) == sum(model.values()) - model["kv"] + copies
+
+
+@pytest.mark.parametrize("config, train_lm_head", RECIPES.values(), ids=RECIPES)
+@pytest.mark.parametrize("autocast", [False, True], ids=["float32", "autocast"])
+def test_the_kv_term_is_the_storage_the_ttt_lists_hold(autocast, config, train_lm_head):
+    """The "kv" group the hooks do not see: the distinct storages of one step's keys and values as
+    ttt_attend stores them (mla: k made anew by the cat, v a view of kv_b_proj's whole output)."""
+    drafter = Drafter(config)
+    keys, values = [None], [None]
+    ids, hidden = torch.zeros(2, 8, dtype=torch.long), torch.randn(2, 8, config.hidden_size)
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+        drafter.step(ids, hidden, torch.arange(8), ttt_attend(keys, values, 0))
+    storages = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in (keys[0], values[0])}
+    kv = retained_activations(config, tokens=16, longest=8, ttt_steps=1, autocast=autocast,
+                              train_lm_head=train_lm_head)["kv"]
+    assert sum(storages.values()) == kv
 
 
 @pytest.mark.parametrize("size", bench.TEST_SIZES, ids=lambda s: "-".join(f"{k}{v}" for k, v in s.items()))
