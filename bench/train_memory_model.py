@@ -30,7 +30,12 @@ gives Kimi's config.json (tests/kimi_k25_config.json), draft vocab 32,000, K = 3
 and shards, bf16 autocast, one sample as long as the micro-batch budget, gradients accumulating;
 GB is 10^9 bytes, the GPU's 96 GB taken as 96 × 10^9 (the smaller reading), 10% kept free.
 
-    .venv/bin/python bench/train_memory_model.py    # prints Markdown tables (~3 min on 2 cores)
+The sizes are of the gqa layer, then of the mla layer (MLA_LAYER's fields). `--kimi-layers`: the
+README's Kimi-K2.5 run (16,384 tokens, checkpointing, 8 DDP processes) per drafter layer.
+
+    .venv/bin/python bench/train_memory_model.py                 # prints Markdown tables (~6 min on 2 cores)
+    .venv/bin/python bench/train_memory_model.py --layer mla     # the mla sizes only (~3 min)
+    .venv/bin/python bench/train_memory_model.py --kimi-layers   # Kimi-K2.5's peak per GPU, each layer
 """
 
 import json
@@ -49,6 +54,9 @@ from eaglenest.train.memory import BETWEEN_STEPS, parameter_counts, training_mem
 
 MB, GB = 2**20, 10**9
 K = 3
+# An mla layer's own fields (MLAttention), in Kimi-K2.5's proportions: q_lora_rank, kv_lora_rank,
+# qk_nope_head_dim, qk_rope_head_dim, v_head_dim.
+MLA_LAYER = dict(layer="mla", q_lora=192, kv_lora=64, nope=32, rope=16, v=32)
 # The sizes the test checks (tests/test_memory_model.py), then a few more for the bench.
 TEST_SIZES = [
     dict(hidden=256, heads=4, intermediate=688, target_vocab=8000, draft_vocab=2000, samples=2, longest=1024),
@@ -62,6 +70,10 @@ TEST_SIZES = [
          norms=True, optimizer="muon", train_lm_head=False, tv_weight=1.0),
     dict(hidden=384, heads=6, intermediate=1024, target_vocab=32000, draft_vocab=8000, samples=3, longest=512,
          autocast=True, norms=True, optimizer="muon", tv_weight=1.0),
+    dict(MLA_LAYER, hidden=256, heads=4, intermediate=688, target_vocab=8000, draft_vocab=500, samples=1,
+         longest=2048),
+    dict(MLA_LAYER, hidden=384, heads=6, intermediate=1024, target_vocab=32000, draft_vocab=8000, samples=3,
+         longest=512, autocast=True, checkpointing=True, accumulate=True, optimizer="muon"),
 ]
 MORE_SIZES = [
     dict(hidden=256, heads=4, intermediate=688, target_vocab=8000, draft_vocab=2000, samples=1, longest=4096),
@@ -74,6 +86,14 @@ MORE_SIZES = [
     dict(hidden=256, heads=16, intermediate=688, target_vocab=8000, draft_vocab=500, samples=1, longest=2048),
     dict(hidden=256, heads=16, intermediate=688, target_vocab=8000, draft_vocab=500, samples=1, longest=2048,
          autocast=True, checkpointing=True),
+    dict(MLA_LAYER, hidden=256, heads=4, intermediate=688, target_vocab=8000, draft_vocab=2000, samples=2,
+         longest=1024),
+    dict(MLA_LAYER, hidden=256, heads=4, intermediate=688, target_vocab=8000, draft_vocab=2000, samples=1,
+         longest=4096, checkpointing=True),
+    dict(MLA_LAYER, hidden=256, heads=16, intermediate=688, target_vocab=8000, draft_vocab=500, samples=1,
+         longest=2048, autocast=True),
+    dict(MLA_LAYER, hidden=256, heads=16, intermediate=688, target_vocab=8000, draft_vocab=500, samples=1,
+         longest=2048, autocast=True, checkpointing=True),
 ]
 KIMI_BUDGETS = [8192, 16384, 32768]
 KIMI_DRAFT_VOCAB = 32000
@@ -81,16 +101,23 @@ GPU_BYTES, MARGIN = 96 * GB, 0.10
 
 
 def size_defaults(size):
-    """A size with every field: 64-dim heads, 2 KV heads, float32 compute, fresh gradients, the
+    """A size with every field: the gqa layer of 64-dim heads, 2 KV heads (mla: MLA_LAYER's fields
+    given, the KV heads the heads, head_dim the rope part), float32 compute, fresh gradients, the
     norm flags off (norms: norm_before_fc and norm_output on), AdamW, lm_head trained, the soft CE
     alone (tv_weight 0)."""
-    return dict(head_dim=64, kv_heads=2, checkpointing=False, autocast=False, accumulate=False, norms=False,
-                optimizer="adamw", train_lm_head=True, tv_weight=0.0) | size
+    size = dict(layer="gqa", head_dim=64, kv_heads=2, checkpointing=False, autocast=False, accumulate=False,
+                norms=False, optimizer="adamw", train_lm_head=True, tv_weight=0.0) | size
+    return size | (dict(head_dim=size["rope"], kv_heads=size["heads"]) if size["layer"] == "mla" else {})
 
 
-def norm_flags(size):
-    """The DrafterConfig norm flags of a size."""
-    return {"norm_before_residual": False, "norm_before_fc": size["norms"], "norm_output": size["norms"]}
+def geometry(size):
+    """The DrafterConfig fields a size sets over the target's geometry: the norm flags, and an mla
+    layer's own."""
+    flags = {"norm_before_residual": False, "norm_before_fc": size["norms"], "norm_output": size["norms"]}
+    if size["layer"] == "gqa":
+        return flags
+    return flags | {"layer": "mla", "q_lora_rank": size["q_lora"], "kv_lora_rank": size["kv_lora"],
+                    "qk_nope_head_dim": size["nope"], "qk_rope_head_dim": size["rope"], "v_head_dim": size["v"]}
 
 
 def write_target(root, size):
@@ -128,7 +155,7 @@ def build(root, size):
     t2d[torch.randperm(V, generator=torch.Generator().manual_seed(1))[:N]] = True
     d2t = t2d.nonzero().squeeze(1) - torch.arange(N)
     manifest = {"hidden_size": H, "aux_layer_ids": [1, 4, 6], "final_state": FINAL_STATE_CONVENTION}
-    drafter = new_drafter(root, manifest, d2t, t2d, head, seed=0, geometry=norm_flags(size))
+    drafter = new_drafter(root, manifest, d2t, t2d, head, seed=0, geometry=geometry(size))
     assert drafter.config == drafter_config(size, config["max_position_embeddings"])  # what the model is given
     drafter.activation_checkpointing = size["checkpointing"]
     drafter.train()
@@ -240,7 +267,7 @@ def drafter_config(size, max_position_embeddings=8192):
     return DrafterConfig(target_vocab_size=s["target_vocab"], draft_vocab_size=s["draft_vocab"], hidden_size=s["hidden"],
                          target_hidden_size=s["hidden"], intermediate_size=s["intermediate"],
                          num_attention_heads=s["heads"], num_key_value_heads=s["kv_heads"], head_dim=s["head_dim"],
-                         aux_layer_ids=[1, 4, 6], max_position_embeddings=max_position_embeddings, **norm_flags(s))
+                         aux_layer_ids=[1, 4, 6], max_position_embeddings=max_position_embeddings, **geometry(s))
 
 
 def modelled_step(size):
@@ -259,10 +286,13 @@ def modelled_step(size):
 
 
 
-def kimi_config():
+def kimi_config(layer="gqa", intermediate_size=None):
     """The DrafterConfig make_drafter_config gives for Kimi-K2.5 (tests/kimi_k25_config.json, its
-    published config.json) with a draft vocab of 32,000: target_geometry's default Llama layer, with
-    config.yaml's drafter: section over it (the norm flags), as the workflow makes it."""
+    published config.json) with a draft vocab of 32,000, config.yaml's drafter: section over the
+    target's geometry (the norm flags), as the workflow makes it: the gqa layer at target_geometry's
+    default, or (layer "mla") the mla layer at Kimi's MLA with norm_before_fc off (vLLM's layer has
+    no input_norm); `intermediate_size` None: config.yaml's, else the layer's default (gqa 12,288;
+    mla the target's dense MLP, 18,432)."""
     import torch
     import yaml
 
@@ -275,6 +305,9 @@ def kimi_config():
         t2d[:KIMI_DRAFT_VOCAB] = True
         manifest = {"hidden_size": 7168, "aux_layer_ids": [2, 30, 58], "final_state": FINAL_STATE_CONVENTION}
         geometry = yaml.safe_load((REPO / "config.yaml").read_text())["drafter"]
+        if layer == "mla":
+            geometry |= {"layer": "mla", "norm_before_fc": False}
+        geometry |= {"intermediate_size": intermediate_size}
         return make_drafter_config(tmp, manifest, torch.zeros(KIMI_DRAFT_VOCAB, dtype=torch.int64), t2d,
                                    geometry=geometry)
 
@@ -301,18 +334,36 @@ def largest_fitting(peaks, checkpointing):
     return max(fitting, default=None)
 
 
-def validation_table():
-    """Markdown rows: measured vs modelled step peaks at TEST_SIZES and MORE_SIZES."""
-    rows = ["| hidden | heads | vocab V / N | samples × T | compute | ckpt | grads | tv | peak at | measured MB "
-            "| model MB | measured / model | s |", "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
-    for size in TEST_SIZES + MORE_SIZES:
+def validation_table(sizes):
+    """Markdown rows: measured vs modelled step peaks at `sizes`."""
+    rows = ["| layer | hidden | heads | vocab V / N | samples × T | compute | ckpt | grads | tv | peak at "
+            "| measured MB | model MB | measured / model | s |", "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for size in sizes:
         s, measured = size_defaults(size), run_measure(size)
         modelled, moment = modelled_step(size)
-        rows.append(f"| {s['hidden']} | {s['heads']} | {s['target_vocab']:,} / {s['draft_vocab']:,} "
+        rows.append(f"| {s['layer']} | {s['hidden']} | {s['heads']} | {s['target_vocab']:,} / {s['draft_vocab']:,} "
                     f"| {s['samples']} × {s['longest']:,} | {'bf16 autocast' if s['autocast'] else 'float32'} "
                     f"| {'on' if s['checkpointing'] else 'off'} | {'held' if s['accumulate'] else 'fresh'} "
                     f"| {s['tv_weight']:g} | {moment} | {measured['bytes'] / MB:,.0f} | {modelled / MB:,.0f} "
                     f"| {measured['bytes'] / modelled:.3f} | {measured['seconds']:.1f} |")
+    return rows
+
+
+def kimi_layers_table():
+    """Markdown rows: the peak per GPU of the README's Kimi-K2.5 run (16,384-token micro-batches,
+    activation checkpointing, 8 DDP processes) for each drafter layer: gqa (config.yaml's drafter:
+    section, the README's geometry), mla at the README's intermediate_size and at mla's default,
+    the target's dense MLP."""
+    rows = ["| layer | intermediate_size | trainable parameters | held GB | activations GB | peak GB "
+            "| peak with DDP GB | without checkpointing, with DDP GB |", "|---|---|---|---|---|---|---|---|"]
+    for layer, intermediate_size in (("gqa", 12288), ("mla", 12288), ("mla", 18432)):
+        config = kimi_config(layer, intermediate_size)
+        m = kimi_memory(config, 16384, True)
+        static = sum(m[key] for key in BETWEEN_STEPS) + m["gradients"] + m["autocast_weights"]
+        ddp = {ck: kimi_memory(config, 16384, ck, distributed=True)["peak"] for ck in (True, False)}
+        rows.append(f"| {layer} | {config.intermediate_size:,} | {parameter_counts(config, recipe()['train_lm_head'])[0]:,} "
+                    f"| {static / GB:.1f} | {m['activations'] / GB:.1f} | {m['peak'] / GB:.1f} | {ddp[True] / GB:.1f} "
+                    f"| {ddp[False] / GB:.1f} |")
     return rows
 
 
@@ -348,8 +399,17 @@ def kimi_table():
     return rows
 
 
-def main():
-    print("\n".join(validation_table()))
+def main(args):
+    """All sizes and the Kimi-K2.5 table; `--layer mla`: the mla sizes only; `--kimi-layers`: the
+    Kimi-K2.5 peak per layer only."""
+    if args[:1] == ["--kimi-layers"]:
+        print("\n".join(kimi_layers_table()))
+        return
+    sizes = TEST_SIZES + MORE_SIZES
+    if args[:1] == ["--layer"]:
+        print("\n".join(validation_table([size for size in sizes if size_defaults(size)["layer"] == args[1]])))
+        return
+    print("\n".join(validation_table(sizes)))
     print()
     print("\n".join(kimi_table()))
 
@@ -360,4 +420,4 @@ if __name__ == "__main__":
     elif sys.argv[1:2] == ["--loss-backward"]:
         print(json.dumps(measure_loss_backward()))
     else:
-        main()
+        main(sys.argv[1:])

@@ -65,11 +65,36 @@ def test_planned_training_memory_is_within_20_percent_of_the_measured_peak(tmp_p
              "tv_weight": s["tv_weight"]}
     terms, device, autocast = training_process_memory(
         tmp_path, hidden_states={"aux_layer_ids": [1, 4, 6], "dtype": "bfloat16"}, train=train,
-        drafter=bench.norm_flags(s), draft_vocab_size=s["draft_vocab"], longest=s["longest"])
+        drafter=bench.geometry(s), draft_vocab_size=s["draft_vocab"], longest=s["longest"])
     assert (device, autocast) == ("cpu", s["autocast"])
     held = sum(terms[key] for key in (*BETWEEN_STEPS, "batch_stored")) + terms["gradients"]  # accumulating
     measured = bench.run_measure(size)["bytes"]
     assert abs(measured / (terms["peak"] - held) - 1) <= 0.20, (measured, terms["peak"] - held)
+
+
+def test_the_plan_sizes_an_mla_drafter_by_its_own_layer(tmp_path):
+    """config drafter.layer mla: the plan's training memory is the memory model's for the mla
+    drafter (bench.modelled_step, which tests/test_memory_model.py holds to a measured step
+    within 2.5%), its weights the mla drafter's, not the gqa drafter's of the same target."""
+    from eaglenest.plan.plan import training_process_memory
+    from eaglenest.train.memory import parameter_counts
+
+    size = bench.TEST_SIZES[-1]  # mla, checkpointed, accumulating, bf16 autocast, Muon
+    s = bench.size_defaults(size)
+    bench.write_target(tmp_path, s)
+    train = {"max_tokens_per_batch": s["samples"] * s["longest"], "ttt_steps": 3, "device": "cpu",
+             "activation_checkpointing": s["checkpointing"], "bf16": s["autocast"], "num_processes": 1,
+             "init_from": None, "optimizer": s["optimizer"], "train_lm_head": s["train_lm_head"],
+             "tv_weight": s["tv_weight"]}
+    planned = {layer: training_process_memory(
+        tmp_path, hidden_states={"aux_layer_ids": [1, 4, 6], "dtype": "bfloat16"}, train=train,
+        drafter=geometry, draft_vocab_size=s["draft_vocab"], longest=s["longest"])[0]
+        for layer, geometry in (("mla", bench.geometry(s)), ("gqa", bench.geometry(s | {"layer": "gqa"})))}
+    terms = planned["mla"]
+    assert s["layer"] == "mla" and terms["weights"] == 4 * parameter_counts(bench.drafter_config(s))[0]
+    held = sum(terms[key] for key in (*BETWEEN_STEPS, "batch_stored")) + terms["gradients"]  # accumulating
+    assert terms["peak"] - held == bench.modelled_step(size)[0]
+    assert terms["weights"] != planned["gqa"]["weights"] and terms["peak"] != planned["gqa"]["peak"]
 
 
 def test_the_guard_sizes_the_shards_not_yet_written_and_names_both_numbers_and_the_folder(tmp_path, monkeypatch):

@@ -4,8 +4,9 @@
 on the device, TargetHead.distribution, Drafter.forward over K TTT steps, the soft CE and total
 variation of ttt_loss, backward, the optimizer's step: AdamW, or Muon and AdamW) and sums the
 tensors alive at each moment where the peak can fall; the peak is the largest sum. Every term is
-a tensor of the real code, in bytes from its shape and dtype. Those autograd keeps for backward
-were listed from the code; tests/test_memory_model.py checks the list against
+a tensor of the real code, in bytes from its shape and dtype (the drafter's, per token:
+eaglenest.train.memory_shapes, for either layer). Those autograd keeps for backward were listed
+from the code; tests/test_memory_model.py checks the list against
 torch.autograd.graph.saved_tensors_hooks, and the peaks against measured ones
 (bench/train_memory_model.py). Left out: tensors of a few bytes per token or fewer (masks,
 the loss's per-position values, scalars) and what sits outside torch's tensors: the CUDA context,
@@ -14,27 +15,13 @@ for those.
 """
 
 from eaglenest.drafter.model import ATTENTION_BLOCK
+from eaglenest.train.memory_shapes import (BF16, BOOL, F32, INT64, attention_locals, attention_projections,
+                                           attention_widths, elements, hidden_matrices, layer_saved,
+                                           parameter_counts, positional_saved, recompute_leftover, step_saved)
 
-F32, BF16, INT64, BOOL = 4, 2, 8, 1
 # Held from one step to the next (and the gradients while a step accumulates), then through a step.
 BETWEEN_STEPS = ("weights", "optimizer_states", "ddp_buckets", "frozen_embedding", "target_head", "vocab_maps")
 HELD = (*BETWEEN_STEPS, "batch_stored", "batch_float32")
-
-
-def hidden_matrices(c):
-    """The sizes of the Linear layers but lm_head: fc, q/k/v/o, the MLP (Muon's share), as [rows, columns]."""
-    H, q, kv, I = c.hidden_size, c.num_attention_heads * c.head_dim, c.num_key_value_heads * c.head_dim, c.intermediate_size
-    return [[H, 3 * c.target_hidden_size], [q, 2 * H], [kv, 2 * H], [kv, 2 * H], [H, q], [I, H], [I, H], [H, I]]
-
-
-def parameter_counts(c, train_lm_head=True):
-    """(trainable parameters, those of the Linear layers, the largest trainable Linear) of
-    DrafterConfig `c`: fc, q/k/v/o, the MLP, lm_head (unless frozen), four RMSNorm weights and
-    input_norm's (norm_before_fc). The embedding is the target's (frozen)."""
-    lm_head = c.hidden_size * c.draft_vocab_size
-    trained = [rows * columns for rows, columns in hidden_matrices(c)] + ([lm_head] if train_lm_head else [])
-    norms = 4 * c.hidden_size + (3 * c.target_hidden_size if c.norm_before_fc else 0)
-    return sum(trained) + norms, sum(trained) + (0 if train_lm_head else lm_head), max(trained)
 
 
 def static_memory(c, *, target_dtype_bytes, tied_embeddings=False, distributed=False, optimizer="adamw",
@@ -47,7 +34,7 @@ def static_memory(c, *, target_dtype_bytes, tied_embeddings=False, distributed=F
     head, that head's lm_head (none of its own when the target ties it to the embedding) and its
     final norm weight."""
     params = parameter_counts(c, train_lm_head)[0]
-    matrices = sum(rows * columns for rows, columns in hidden_matrices(c)) if optimizer == "muon" else 0
+    matrices = elements(hidden_matrices(c)) if optimizer == "muon" else 0
     V, H = c.target_vocab_size, c.hidden_size
     return {
         "weights": F32 * params,
@@ -83,67 +70,6 @@ def head_peak(c, *, tokens, target_dtype_bytes, chunk_tokens):
     return max(peak, 2 * F32 * N * tokens + target_dtype_bytes * V * previous)
 
 
-def layer_saved(c, autocast):
-    """Bytes per token autograd keeps of one TTT step's decoder layer without activation
-    checkpointing, as (before the attention, after it). The RMSNorms compute in float32: each keeps
-    its float32 input, its normalised value (cast back to the input's dtype) and its [.., 1] scale.
-    Under bf16 autocast the Linear layers keep a bf16 copy of their input each (q, k, v three, gate
-    and up two) and their outputs are bf16; without it the float32 tensors are shared."""
-    H, I, q = c.hidden_size, c.intermediate_size, c.num_attention_heads * c.head_dim
-    x = BF16 if autocast else F32  # the Linear layers' outputs, normalised values cast back
-    before = {
-        "input_layernorm normalised embeddings (float32: embeds are cast to the fc dtype)": F32 * H,
-        "hidden_norm float32 input (autocast: a copy of the bf16 hidden)": F32 * H if autocast else 0,
-        "hidden_norm normalised": x * H,
-        "q/k/v input cat[e, hidden_norm(h)] (autocast: a bf16 copy per projection)": 3 * BF16 * 2 * H if autocast
-        else F32 * 2 * H,
-        "q after RoPE (held by the attention checkpoint)": x * q,
-        "norm scales [.., 1] (hidden_norm, post_attention_layernorm)": 2 * F32,
-    }
-    after = {
-        "attention output, o_proj's input": x * q,
-        "residual r, post_attention_layernorm's float32 input": F32 * H,
-        "post_attention_layernorm normalised": x * H,
-        "gate/up input (autocast: a bf16 copy each)": 2 * BF16 * H if autocast else F32 * H,
-        "MLP: gate, silu(gate), up, their product": 4 * x * I,
-    }
-    return before, after
-
-
-def step_saved(c, autocast, checkpointing, cpu, train_lm_head=True):
-    """Bytes per token one TTT step keeps until backward, besides its logits, in groups of named
-    tensors. "layer": layer_saved, or with activation checkpointing only the checkpoint's inputs.
-    "lm": the final norm (float32 input: in float32 the step output itself, which is also the next
-    step's hidden input; normalised value; scale) and lm_head's input. "log_softmax": its output
-    (float32, but bf16 under CPU autocast, which leaves log_softmax alone) and the bool mask the
-    soft CE multiplies by, per supervised position (a frozen lm_head keeps no input: its weight
-    needs no gradient). "kv": the keys after RoPE and the values,
-    held by reference (the TTT key/value lists, which the attend closure given to a checkpoint
-    keeps), so saved_tensors_hooks do not see them."""
-    H, N, kv = c.hidden_size, c.draft_vocab_size, c.num_key_value_heads * c.head_dim
-    x = BF16 if autocast else F32
-    if checkpointing:
-        layer = {"embeddings cast to float32": F32 * H,
-                 "hidden input in bf16 (float32: the previous step output, in lm)": BF16 * H if autocast else 0}
-    else:
-        before, after = layer_saved(c, autocast)
-        layer = before | after
-    return {
-        "layer": layer,
-        "lm": {"norm float32 input": F32 * H, "norm normalised": x * H, "norm scale": F32,
-               "lm_head input": x * H if train_lm_head else 0},
-        "log_softmax": {"log_softmax output": BF16 * N if autocast and cpu else F32 * N, "the step's mask": BOOL},
-        "kv": {"keys and values after RoPE": 2 * x * kv},
-    }
-
-
-def positional_saved(c, checkpointing):
-    """Bytes per position (per index of the padded length, shared by a micro-batch's samples) one
-    step keeps: RoPE's float32 cos and sin [T, D] for q and for k (a checkpoint recomputes them;
-    it keeps the int64 positions instead)."""
-    return INT64 if checkpointing else 4 * F32 * c.head_dim
-
-
 def retained_activations(c, *, tokens, longest, ttt_steps, autocast=False, checkpointing=False, cpu=False,
                          train_lm_head=True):
     """Bytes autograd keeps from the forward of all K steps to their backward, by group: "once"
@@ -171,19 +97,6 @@ def retained_activations(c, *, tokens, longest, ttt_steps, autocast=False, check
         normed = 0 if train_lm_head else F32 * H
     return {"once": once, **groups, "positions": ttt_steps * longest * positional_saved(c, checkpointing),
             "norm_output": (ttt_steps - 1) * tokens * normed}
-
-
-def recompute_leftover(c, autocast):
-    """Bytes per token a checkpointed step's recompute in backward leaves until backward ends: its
-    new keys and values go into the TTT lists (which the checkpoint inputs hold), and with them the
-    autograd graph that made them: k/v_proj's input (float32, or their two bf16 copies),
-    input_layernorm's and hidden_norm's normalised values, hidden_norm's scale (and, under autocast,
-    its float32 input copy). Per position it keeps k's cos and sin (positional_saved / 2)."""
-    H, kv = c.hidden_size, c.num_key_value_heads * c.head_dim
-    x = BF16 if autocast else F32
-    return {"keys and values after RoPE": 2 * x * kv, "k/v input": 2 * BF16 * 2 * H if autocast else F32 * 2 * H,
-            "input_layernorm normalised": F32 * H, "hidden_norm normalised": x * H,
-            "hidden_norm float32 input": F32 * H if autocast else 0, "hidden_norm scale": F32}
 
 
 def autocast_weights(c, ttt_steps=3, train_lm_head=True):
@@ -221,14 +134,15 @@ ATTENTION_BYTES = {"forward": {False: 12, True: 12}, "backward": {False: 16, Tru
 def step_totals(c, activations, *, tokens, longest, ttt_steps, autocast):
     """Bytes of one TTT step for the micro-batch, by part: the groups of retained_activations (one
     step's share), "before"/"after" (layer_saved), "cos_sin" (positional_saved without checkpointing),
-    "leftover" (recompute_leftover, with k's cos and sin and, under autocast, k/v_proj's bf16
-    weights), "out" (float32: the step output, which a checkpoint of the next step holds)."""
-    H, kv = c.hidden_size, c.num_key_value_heads * c.head_dim
+    "leftover" (recompute_leftover, with k's cos and sin and, under autocast, the bf16 weights of
+    the projections making the keys and values), "out" (float32: the step output, which a
+    checkpoint of the next step holds)."""
+    H = c.hidden_size
     parts = {key: value // ttt_steps for key, value in activations.items() if key != "once"}
     before, after = (tokens * sum(part.values()) for part in layer_saved(c, autocast))
     cos_sin = longest * positional_saved(c, False)
     leftover = (tokens * sum(recompute_leftover(c, autocast).values()) + cos_sin // 2
-                + (BF16 * 2 * 2 * H * kv if autocast else 0))
+                + (BF16 * elements(attention_projections(c)[1]) if autocast else 0))
     return parts | {"once": activations["once"], "before": before, "after": after, "cos_sin": cos_sin,
                     "leftover": leftover, "out": 0 if autocast else F32 * tokens * H}
 
@@ -236,14 +150,16 @@ def step_totals(c, activations, *, tokens, longest, ttt_steps, autocast):
 def forward_moments(c, terms, s, block, *, tokens, ttt_steps, autocast, checkpointing, cpu, held, train_lm_head):
     """at_head, at_forward_attention (the last step's attention block: the earlier steps' tensors and
     logits, this step's up to its attention with the locals the layer holds then, i.e. the float32
-    embeddings, e and hidden_norm(h), and the blocks' outputs), at_forward_end (the last step's soft
+    embeddings, e and hidden_norm(h), the blocks' outputs and mla's attention_locals), at_forward_end (the last step's soft
     CE: every step's tensors and logits, the float32 product target × log_softmax, on CPU under
     autocast also the float32 copy of the bf16 log_softmax it makes for it)."""
-    K, H, q = ttt_steps, c.hidden_size, c.num_attention_heads * c.head_dim
+    K, H = ttt_steps, c.hidden_size
+    q, _, _, out = attention_widths(c)
     x = BF16 if autocast else F32
     every = autocast_weights(c, ttt_steps, train_lm_head)[0] if autocast else 0
     one_step = sum(s[key] for key in ("layer", "lm", "log_softmax", "kv", "positions"))
-    up_to_attention = s["kv"] + s["positions"] + tokens * (3 * F32 * H + x * q) + (
+    up_to_attention = s["kv"] + s["positions"] + tokens * (3 * F32 * H + x * out + attention_locals(
+        c, autocast, checkpointing)) + (
         s["layer"] + tokens * x * q if checkpointing else s["before"])
     float_scores = F32 * tokens * c.draft_vocab_size
     return {
@@ -279,10 +195,11 @@ def backward_moments(c, terms, s, block, *, tokens, longest, ttt_steps, autocast
     bf16 [positions, N]; either way below at_forward_end, which holds every step's logits.
     at_backward_layer (checkpointing): step j's layer just recomputed, before and after its attention.
     at_optimizer: the optimizer step with every gradient (optimizer_transient)."""
-    K, N, H, q = ttt_steps, c.draft_vocab_size, c.hidden_size, c.num_attention_heads * c.head_dim
+    K, N, H = ttt_steps, c.draft_vocab_size, c.hidden_size
+    out = attention_widths(c)[3]
     x = BF16 if autocast else F32
     params = parameter_counts(c, train_lm_head)[0]
-    fc, qkv = 3 * c.target_hidden_size * H, 2 * H * (q + 2 * c.num_key_value_heads * c.head_dim)
+    fc, qkv = 3 * c.target_hidden_size * H, elements(sum(attention_projections(c), []))
     _, kept, lm_head, layer = autocast_weights(c, ttt_steps, train_lm_head) if autocast else (0, 0, 0, 0)
     kept, layer = (lm_head, layer) if checkpointing else (kept, 0)
     gradients = 0 if accumulating else terms["gradients"]
@@ -303,7 +220,7 @@ def backward_moments(c, terms, s, block, *, tokens, longest, ttt_steps, autocast
                      + later * (s["layer"] + s["kv"] + s["positions"] + s["leftover"]))
             lm_made = 0 if accumulating else F32 * (H * N * train_lm_head + H) if j == K - 1 else made
             layer_done.append(base + lm_made + s["after"] + tokens * H * x)
-        attention.append(base + made + tokens * (q + H) * x + block["backward"])
+        attention.append(base + made + tokens * (out + H) * x + block["backward"])
     moments["at_backward_attention"] = max(attention)
     if checkpointing:
         moments["at_backward_layer"] = max(layer_done)
@@ -322,7 +239,7 @@ def optimizer_transient(c, optimizer, cpu, train_lm_head=True):
     if optimizer == "adamw":
         return F32 * (2 * largest if cpu else params)
     matrices = hidden_matrices(c)
-    rest = params - sum(rows * columns for rows, columns in matrices)
+    rest = params - elements(matrices)
     rest_largest = c.hidden_size * c.draft_vocab_size if train_lm_head else 3 * c.target_hidden_size
     rows, columns = max(matrices, key=lambda shape: shape[0] * shape[1])
     muon = (F32 + 2 * BF16) * rows * columns + 3 * BF16 * min(rows, columns) ** 2
