@@ -30,7 +30,7 @@ import logging
 import torch
 
 from eaglenest.data.target import target_config
-from eaglenest.train.init_drafter import target_geometry
+from eaglenest.train.init_drafter import default_layer, target_geometry
 from eaglenest.workflow.atomic import write_json
 from eaglenest.workflow.errors import InputError
 
@@ -130,7 +130,7 @@ def check_engine_start(target_dir, out_path, *, dtype, kv_cache_dtype, attention
     backends picked are in the log)."""
     text_config = target_config(target_dir)
     settings = {"dtype": dtype, "kv_cache_dtype": kv_cache_dtype, "attention_backend": attention_backend,
-                "drafter_layer": drafter_layer or "gqa",
+                "drafter_layer": drafter_layer or default_layer(text_config),
                 "drafter_head_dim": drafter_head_dim or target_geometry(text_config)["head_dim"]}
     problem, found = engine_start_problem(text_config, **settings)
     log.info("vLLM would pick %s for %s", found, settings)

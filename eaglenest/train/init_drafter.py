@@ -79,19 +79,29 @@ def mla_geometry(tc):
     }
 
 
+def default_layer(tc):
+    """The drafter layer for a target's text config when none is set: mla on an MLA target (the
+    layer vLLM serves beside the target's own MLA on every backend: docs/TRAINING.md "The mla
+    layer", measured), else gqa."""
+    return "mla" if tc.get("kv_lora_rank") else "gqa"
+
+
 def make_drafter_config(target_dir, manifest, d2t, t2d, init_config=None, geometry=None):
     """Drafter geometry: the target's (target_geometry), replaced by an init_from checkpoint's
     (its weights must fit, and its q/k were trained with its own RoPE), replaced by the non-null
     `geometry` values (config `drafter:`). hidden_size is the target's (the drafter embeds with
-    the target's embed_tokens). The layer is `geometry`'s, else the init_from drafter's, else
-    gqa; an mla layer starts from mla_geometry, and its head_dim and KV heads follow its MLA (as
-    DeepseekV2Config derives them)."""
+    the target's embed_tokens). The layer is `geometry`'s, else the init_from drafter's, else the
+    target's kind (default_layer). An mla layer starts from mla_geometry, its head_dim and KV heads
+    follow its MLA (as DeepseekV2Config derives them), and it has no input_norm: norm_before_fc is
+    a gqa setting (vLLM's Eagle3DeepseekV2ForCausalLM would not read it)."""
     tc = target_config(target_dir)
     hidden_size = tc["hidden_size"]
     if manifest["hidden_size"] != hidden_size or manifest.get("final_state") != FINAL_STATE_CONVENTION:
         raise ValueError("shards do not match the target: hidden size or final state convention")
     geometry = {key: value for key, value in (geometry or {}).items() if value is not None}
-    layer = geometry.get("layer") or (init_config.layer if init_config is not None else "gqa")
+    layer = geometry.get("layer") or (init_config.layer if init_config is not None else default_layer(tc))
+    if layer == "mla" and geometry.pop("norm_before_fc", False):
+        log.info("drafter.norm_before_fc applies to the gqa layer only: the mla drafter has no input_norm")
     shape = mla_geometry(tc) if layer == "mla" else target_geometry(tc)
     if init_config is not None:
         if (init_config.hidden_size, init_config.target_vocab_size) != (hidden_size, len(t2d)):
