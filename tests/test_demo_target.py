@@ -131,6 +131,8 @@ def test_the_kimi_shaped_target_is_packaged_as_kimi_ships(kimi_target):
     config = json.loads((kimi_target / "config.json").read_text())
     assert config["architectures"] == ["KimiK25ForConditionalGeneration"] and config["model_type"] == "kimi_k25"
     assert config["auto_map"] and config["torch_dtype"] == "bfloat16"
+    tokenizer = AutoTokenizer.from_pretrained(kimi_target, trust_remote_code=True)  # vLLM's EAGLE proposer reads it
+    assert tokenizer.convert_ids_to_tokens(config["media_placeholder_token_id"]) == "<|media_pad|>"
     text = config["text_config"]
     assert text["model_type"] == "kimi_k2" and text["rope_scaling"]["type"] == "yarn" and "head_dim" not in text
     assert (text["kv_lora_rank"], text["qk_rope_head_dim"], text["num_hidden_layers"]) == (512, 64, 8)

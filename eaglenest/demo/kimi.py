@@ -39,7 +39,7 @@ import torch
 from safetensors.torch import load_file, save_file
 from transformers import AutoTokenizer, DeepseekV3Config, DeepseekV3ForCausalLM
 
-from eaglenest.demo.kimi_tokenizer import NAMED, RESERVED, chat_texts, write_kimi_tokenizer
+from eaglenest.demo.kimi_tokenizer import MEDIA_PAD, NAMED, RESERVED, chat_texts, write_kimi_tokenizer
 from eaglenest.demo.target import _mean_loss, _pack, _train
 from eaglenest.workflow.atomic import atomic_dir
 from eaglenest.workflow.jsonl import read_objects
@@ -207,7 +207,10 @@ def package_as_kimi(plain_dir, out_dir, *, seed=0):
     model.safetensors), written to `out_dir` as Kimi-K2.5 ships it; return its config.json dict.
 
     Kimi states its settings in both text_config and the wrapper: tie_word_embeddings and the
-    dtype are copied up. The vision weights take the text weights' dtype."""
+    dtype are copied up. The vision weights take the text weights' dtype. The media placeholder
+    is <|media_pad|> of a Kimi-style vocabulary (base + 256 reserved ids), which vLLM's EAGLE
+    proposer reads off a KimiK25ForConditionalGeneration target as `media_placeholder_token_id`
+    (vllm/v1/spec_decode/llm_base_proposer.py:1382) and the model itself as `image_token_id`."""
     plain_config = json.loads((Path(plain_dir) / "config.json").read_text())
     weights = load_file(Path(plain_dir) / "model.safetensors")
     text_config = kimi_text_config(plain_config)
@@ -223,6 +226,8 @@ def package_as_kimi(plain_dir, out_dir, *, seed=0):
         "tie_word_embeddings": text_config["tie_word_embeddings"],
         "bos_token_id": text_config["bos_token_id"],
         "eos_token_id": text_config["eos_token_id"],
+        "media_placeholder_token_id": text_config["vocab_size"] - RESERVED + MEDIA_PAD,
+        "image_token_id": text_config["vocab_size"] - RESERVED + MEDIA_PAD,
         "text_config": text_config,
         "vision_config": vision_config(text_config["hidden_size"]),
     }

@@ -29,7 +29,8 @@ PATTERN = r"""'(?i:[sdmt]|ll|ve|re)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p
 RESERVED = 256  # special ids after the base vocabulary
 # Offsets after the base vocabulary, as in Kimi-K2.5 (base 163,584: <|im_end|> is 163,586).
 NAMED = {0: "[BOS]", 1: "[EOS]", 2: "<|im_end|>", 3: "<|im_user|>", 4: "<|im_assistant|>", 10: "<|im_system|>",
-         17: "<|im_middle|>", 22: "<think>", 23: "</think>", 254: "[UNK]", 255: "[PAD]"}
+         17: "<|im_middle|>", 21: "<|media_pad|>", 22: "<think>", 23: "</think>", 254: "[UNK]", 255: "[PAD]"}
+MEDIA_PAD = 21  # the offset of <|media_pad|>, which Kimi's config.json names media_placeholder_token_id
 IM_TOKENS = ["<|im_end|>", "<|im_user|>", "<|im_assistant|>", "<|im_system|>", "<|im_middle|>", "<think>", "</think>"]
 
 TOKENIZATION_KIMI = r'''"""A Kimi-style tiktoken tokenizer (written by eaglenest.demo.kimi_tokenizer).
