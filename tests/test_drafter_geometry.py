@@ -82,7 +82,7 @@ def test_kimi_k25_geometry_is_what_vllm_reads_and_serves(tmp_path):
     from vllm.v1.attention.backends.flash_attn import FlashAttentionBackend
 
     kimi = target(tmp_path, json.loads(KIMI.read_text()))
-    c = drafter_config(kimi)
+    c = drafter_config(kimi, geometry={"layer": "gqa"})  # the Llama layer's defaults on an MLA target
     assert (c.num_attention_heads, c.num_key_value_heads, c.head_dim, c.intermediate_size) == (64, 8, 128, 12288)
     assert (c.rope_theta, c.rope_scaling, c.max_position_embeddings) == (1e6, None, 262144)
     assert (c.hidden_size, c.target_hidden_size, c.target_vocab_size) == (7168, 7168, 163840)
@@ -109,7 +109,7 @@ def test_explicit_values_override_the_defaults_and_yarn_reaches_vllm(tmp_path):
     from vllm.transformers_utils.config import get_config
 
     kimi = target(tmp_path, json.loads(KIMI.read_text()))
-    geometry = {"num_attention_heads": None, "num_key_value_heads": 16, "head_dim": None, "intermediate_size": 18432,
+    geometry = {"layer": "gqa", "num_attention_heads": None, "num_key_value_heads": 16, "head_dim": None, "intermediate_size": 18432,
                 "rope_theta": 50000.0, "rope_scaling": KIMI_YARN, "max_position_embeddings": None}
     c = drafter_config(kimi, geometry=geometry)
     assert (c.num_attention_heads, c.num_key_value_heads, c.head_dim, c.intermediate_size) == (64, 16, 128, 18432)
@@ -195,8 +195,7 @@ def test_kimi_k25_mla_geometry_is_the_targets_and_what_vllm_reads(tmp_path):
 
     trainable, frozen = parameter_counts(c)
     print(f"Kimi-K2.5 mla drafter: {trainable:,} trainable, {frozen:,} frozen")
-    with pytest.raises(InputError, match="cannot have norm_before_fc"):
-        drafter_config(kimi, geometry={"layer": "mla", "norm_before_fc": True})
+    assert drafter_config(kimi, geometry={"norm_before_fc": True}) == c  # mla by default on an MLA target, no input_norm
     with pytest.raises(InputError, match="needs a q_lora_rank"):
         drafter_config(target(tmp_path, {**json.loads(KIMI.read_text()), "text_config": {
             **json.loads(KIMI.read_text())["text_config"], "q_lora_rank": None}}), geometry={"layer": "mla"})
