@@ -305,9 +305,7 @@ def kimi_config(layer="gqa", intermediate_size=None):
         t2d[:KIMI_DRAFT_VOCAB] = True
         manifest = {"hidden_size": 7168, "aux_layer_ids": [2, 30, 58], "final_state": FINAL_STATE_CONVENTION}
         geometry = yaml.safe_load((REPO / "config.yaml").read_text())["drafter"]
-        if layer == "mla":
-            geometry |= {"layer": "mla", "norm_before_fc": False}
-        geometry |= {"intermediate_size": intermediate_size}
+        geometry |= {"layer": layer, "intermediate_size": intermediate_size}  # mla: norm_before_fc does not apply
         return make_drafter_config(tmp, manifest, torch.zeros(KIMI_DRAFT_VOCAB, dtype=torch.int64), t2d,
                                    geometry=geometry)
 

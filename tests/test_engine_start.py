@@ -6,12 +6,12 @@ import json
 
 import pytest
 import torch
-from transformers import DeepseekV3Config, LlamaConfig
+from transformers import LlamaConfig
 
+from eaglenest.demo.kimi import deepseek_config
 from eaglenest.drafter.check import served_model_problems
 from eaglenest.plan.engine_start import check_engine_start, shared_block_size
 from eaglenest.workflow.errors import InputError
-from tiny_deepseek import GEOMETRY, VLLM_KEYS
 
 AMX = torch.cpu._is_amx_tile_supported()  # vLLM's CPU build picks AMX_MLA for MLA there, unless CPU_MLA is set
 
@@ -26,10 +26,7 @@ def target(folder, config):
 @pytest.fixture
 def mla_target(tmp_path):
     """tests/tiny_deepseek.py's DeepSeek-V3 (MLA, MoE), float32."""
-    config = DeepseekV3Config(**GEOMETRY, torch_dtype="float32")
-    for key, value in VLLM_KEYS.items():
-        setattr(config, key, value)
-    return target(tmp_path / "deepseek", config)
+    return target(tmp_path / "deepseek", deepseek_config(torch_dtype="float32"))
 
 
 def check(target_dir, tmp_path, **settings):

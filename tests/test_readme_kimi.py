@@ -32,7 +32,7 @@ def test_the_example_is_complete_and_valid():
     assert example["tokenize"]["max_seq_len"] >= 8192  # long reasoning: samples average ~2,100 tokens
     assert example["tokenize"]["max_seq_len"] <= example["vllm"]["max_model_len"]  # extraction takes them whole
     assert example["hidden_states"]["dtype"] == "float8_e4m3fn" and example["vllm"]["dtype"] == "auto"
-    assert example["drafter"]["head_dim"] in (64, 128, 256, 512)  # every vLLM attention backend serves it
+    assert example["drafter"]["layer"] == "mla"  # the layer that starts beside TRITON_MLA (docs/CONTAINER.md)
     grid = example["eval"]
     assert 1.0 in grid["temperatures"] and 0.0 in grid["temperatures"]  # the thinking mode as served, and greedy
     assert len(grid["suites"]) >= 4 and len(grid["num_speculative_tokens"]) >= 3 and len(grid["concurrency"]) >= 2
