@@ -86,7 +86,7 @@ report: setup
 # Three workers (pytest-xdist) on CI's two cores: much of the suite waits (on an engine starting, a
 # Snakemake subprocess, a SLURM job), and a third worker fills that time. One test file at a time, in
 # the order tests/conftest.py gives the files: the whole-workflow runs are built once each and
-# shared by all workers (BENCHMARKS.md, "The test suite's time").
+# shared by all workers (BENCHMARKS.md, "The suite").
 test: setup setup-cluster setup-browser setup-slurm
 	$(BIN)/pytest -q -n 3 --dist loadfile --no-loadscope-reorder --durations=50 tests
 
