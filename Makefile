@@ -26,7 +26,7 @@ setup-browser:
 setup-slurm:
 	command -v slurmctld >/dev/null && command -v munged >/dev/null || (apt-get update && apt-get install -y slurm-wlm munge)
 
-# A two-node cluster to try profiles/slurm on (as root; docs/GPUS.md "A SLURM cluster on this machine")
+# A two-node cluster to try profiles/slurm on (as root; docs/CLUSTERS.md "A SLURM cluster on this machine")
 SLURM_DIR ?= /tmp/eaglenest-slurm
 slurm-start: setup setup-slurm
 	$(BIN)/python tests/slurm_cluster.py start $(SLURM_DIR)
