@@ -80,7 +80,7 @@ VARIANTS = {
     # "default" of 10 x lr, halved and doubled)
     "muon_5lr": ({"muon_lr": times_lr(5)}, {}),
     "muon_20lr": ({"muon_lr": times_lr(20)}, {}),
-    # nor these: the total variation distance beside the soft CE (docs/TRAINING.md, "Recipe")
+    # nor these: the total variation distance beside the soft CE (docs/RECIPE.md)
     "tv": ({"tv_weight": 1.0}, {}),
     "tv_half": ({"tv_weight": 0.5}, {}),
     "tv_double": ({"tv_weight": 2.0}, {}),
