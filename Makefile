@@ -26,7 +26,7 @@ setup-browser:
 setup-slurm:
 	command -v slurmctld >/dev/null && command -v munged >/dev/null || (apt-get update && apt-get install -y slurm-wlm munge)
 
-# A two-node cluster to try profiles/slurm on (as root; docs/GPUS.md "A SLURM cluster on this machine")
+# A two-node cluster to try profiles/slurm on (as root; docs/CLUSTERS.md "A SLURM cluster on this machine")
 SLURM_DIR ?= /tmp/eaglenest-slurm
 slurm-start: setup setup-slurm
 	$(BIN)/python tests/slurm_cluster.py start $(SLURM_DIR)
@@ -86,7 +86,7 @@ report: setup
 # Three workers (pytest-xdist) on CI's two cores: much of the suite waits (on an engine starting, a
 # Snakemake subprocess, a SLURM job), and a third worker fills that time. One test file at a time, in
 # the order tests/conftest.py gives the files: the whole-workflow runs are built once each and
-# shared by all workers (BENCHMARKS.md, "The test suite's time").
+# shared by all workers (BENCHMARKS.md, "The suite").
 test: setup setup-cluster setup-browser setup-slurm
 	$(BIN)/pytest -q -n 3 --dist loadfile --no-loadscope-reorder --durations=50 tests
 

@@ -66,7 +66,7 @@ def hf_columns(target, samples, out):
 def vllm_columns(target, samples, out):
     from vllm import SamplingParams
 
-    from eaglenest.engine import engine_args, start_engine, worker_environment
+    from eaglenest.engine.start import engine_args, start_engine, worker_environment
     from eaglenest.states.vllm_extract import VllmStateExtractor
 
     prompts = [{"prompt_token_ids": s["input_ids"]} for s in samples]

@@ -38,7 +38,7 @@ def main():
     from eaglenest.data.generate import ResponseGenerator, request_seed
     from eaglenest.data.prompts import read_prompts
     from eaglenest.demo.target import build_demo_target
-    from eaglenest.engine import generate_with
+    from eaglenest.engine.generate import generate_with
     from eaglenest.workflow.parts import split_lines
 
     with tempfile.TemporaryDirectory() as tmp:

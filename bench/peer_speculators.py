@@ -15,7 +15,7 @@ train/train_log.tsv) this
    given, the script calls that sampler on the converted lengths and picks the total_seq_len whose
    step count is nearest the run's (train_log.tsv's last step; with --epochs, that share of it);
 4. serves both drafters, the run's results/drafter and speculators' last epoch, through the one
-   evaluation path of bench/recipe_ablation.py (its baseline() and serve(): eaglenest's own vLLM
+   evaluation path the recipe ablation serves with (bench/vllm_judge.py: eaglenest's own vLLM
    functions, K = 3, 64 tokens, 8 requests at once, every held-out prompt of the run, seed 0):
    at temperature 0 drafting greedily, where speculation must leave the target's text unchanged,
    and above 0 with draft_sample_method "probabilistic";
@@ -58,7 +58,6 @@ torch.compile it already skips without CUDA.
 import argparse
 import csv
 import json
-import logging
 import os
 import shutil
 import subprocess
@@ -71,7 +70,7 @@ import yaml
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
-from recipe_ablation import CONCURRENCY, K, MAX_TOKENS, REPO, baseline, serve, suffix
+from vllm_judge import CONCURRENCY, K, MAX_TOKENS, REPO, baseline, log_to, serve, suffix
 
 # speculators and what it imports that the venv lacks (the rest, torch, transformers, pydantic,
 # loguru..., the venv has at versions within its pins; torchvision and torchaudio, which it
@@ -152,8 +151,7 @@ def serve_one(args, config, key, drafter, temperature, method):
     out = eval_dir(args)
     out.mkdir(parents=True, exist_ok=True)
     served = suffix(temperature, method)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s", force=True,
-                        handlers=[logging.FileHandler(out / f"log_{key}{served}.txt", mode="w")])
+    log_to(out / f"log_{key}{served}.txt")
     # the target alone at the lowest temperature: at 0 the text speculation must leave unchanged
     # (above 0 vllm_speculative reads no text of it)
     prompts, outputs = baseline(config, min(args.temperatures), demo=args.run, out=out, max_prompts=args.max_prompts)

@@ -26,22 +26,18 @@ largest eval.temperatures above 0, 1.0), whatever it is served at.
 import argparse
 import csv
 import json
-import logging
 import subprocess
 import sys
 from pathlib import Path
 
 import yaml
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
+from vllm_judge import DEMO, REPO, baseline, log_to, serve, suffix  # first: it puts this checkout on sys.path
 
-from eaglenest.workflow.atomic import atomic_path  # noqa: E402
-from eaglenest.workflow.serving import fitted_temperature  # noqa: E402
+from eaglenest.workflow.atomic import atomic_path
+from eaglenest.workflow.serving import fitted_temperature
 
 OUT = REPO / "results/recipe"
-DEMO = REPO / "results"
-K, MAX_TOKENS, CONCURRENCY = 3, 64, 8
 
 # Each: (train: overrides, drafter: overrides), from OURS toward speculators 0.9.0's defaults.
 # OURS is the recipe every earlier table measured (AdamW, no TV term), fixed here so that those
@@ -84,7 +80,7 @@ VARIANTS = {
     # "default" of 10 x lr, halved and doubled)
     "muon_5lr": ({"muon_lr": times_lr(5)}, {}),
     "muon_20lr": ({"muon_lr": times_lr(20)}, {}),
-    # nor these: the total variation distance beside the soft CE (docs/TRAINING.md, "Recipe")
+    # nor these: the total variation distance beside the soft CE (docs/RECIPE.md)
     "tv": ({"tv_weight": 1.0}, {}),
     "tv_half": ({"tv_weight": 0.5}, {}),
     "tv_double": ({"tv_weight": 2.0}, {}),
@@ -116,50 +112,6 @@ def demo_config():
     return yaml.safe_load((REPO / "config.yaml").read_text())
 
 
-def baseline(config, temperature=0.0, *, demo=DEMO, out=OUT, max_prompts=None):
-    """The held-out prompts of the run in `demo` (at most `max_prompts`; None: all) and the
-    target's text at `temperature`, under `out`, once for every drafter served on them."""
-    from eaglenest.evaluate.online import vllm_baseline
-    from eaglenest.evaluate.suites import write_suite_prompts
-    prompts = out / "heldout.jsonl"
-    if not prompts.exists():
-        write_suite_prompts(prompts, "heldout", tokenized_path=demo / "data/tokenized_data.jsonl",
-                            heldout_fraction=config["train"]["heldout_fraction"], max_prompts=max_prompts,
-                            tokenize=None)
-    outputs = out / f"baseline_outputs{suffix(temperature)}.jsonl"
-    if not outputs.exists():
-        vllm_baseline([prompts], demo / "target", out / f"baseline{suffix(temperature)}.json", outputs,
-                      suites=["heldout"], temperatures=[temperature], concurrency=[CONCURRENCY],
-                      max_tokens=MAX_TOKENS, extra_tokens=K, seed=0, vllm=config["vllm"], trust_remote_code=False,
-                      end_of_turn=config["tokenize"]["end_of_turn"])
-    return prompts, outputs
-
-
-def serve(config, drafter, prompts, outputs, runs_path, temperature=0.0, draft_sample_method="greedy", *, demo=DEMO):
-    """`drafter` served with the target of `demo` in vLLM at K, on baseline()'s `prompts` at
-    `temperature`, drafting by `draft_sample_method` (vLLM's runs into `runs_path`) -> its prompt
-    count, whether it left the greedy text unchanged ("n/a" above temperature 0), the share of
-    prompts whose greedy text it changed (reported here; evaluate_vllm judges each change on the
-    target's logits: eaglenest.evaluate.greedy_identity) and vLLM's acceptance."""
-    from eaglenest.evaluate.agreement import online_acceptance
-    from eaglenest.evaluate.online import vllm_speculative
-    runs = vllm_speculative([prompts], demo / "target", drafter, outputs, runs_path, num_speculative_tokens=K,
-                            suites=["heldout"], temperatures=[temperature], concurrency=[CONCURRENCY],
-                            max_tokens=MAX_TOKENS, seed=0, vllm=config["vllm"],
-                            trust_remote_code=False, end_of_turn=config["tokenize"]["end_of_turn"],
-                            draft_sample_method=draft_sample_method)
-    run = runs["runs"][0]
-    return {"prompts": run["prompts"], "greedy_text_unchanged": run.get("greedy_text_unchanged", "n/a"),
-            "divergent_share": run.get("divergent_share"), **online_acceptance(run["counters"])}
-
-
-def suffix(temperature, draft_sample_method="greedy"):
-    """The result and baseline file names' suffix: none at temperature 0, none for greedy drafting
-    (the names from before probabilistic drafting)."""
-    return ("" if temperature == 0 else f"_t{temperature:g}") + (
-        "" if draft_sample_method == "greedy" else f"_{draft_sample_method}")
-
-
 def run_variant(variant, seed, cores, temperature=0.0, draft_sample_method="greedy"):
     """Train one variant at one seed (unless done) and serve it at `temperature`, drafting by
     `draft_sample_method`: results/recipe/<variant>_s<seed>/result.json (result_t1.json at
@@ -171,10 +123,9 @@ def run_variant(variant, seed, cores, temperature=0.0, draft_sample_method="gree
     root = OUT / f"{variant}_s{seed}"
     root.mkdir(parents=True, exist_ok=True)
     served = suffix(temperature, draft_sample_method)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s", force=True,
-                        handlers=[logging.FileHandler(root / f"log{served}.txt", mode="w")])
+    log_to(root / f"log{served}.txt")
     train, drafter = settings(variant, config)
-    prompts, outputs = baseline(config, temperature)
+    prompts, outputs = baseline(config, temperature, out=OUT)
     shards = sorted(str(p) for p in (DEMO / "hidden_states").glob("shard_*.safetensors"))
     train |= {"seed": seed, "device": "cpu"}
     if not (root / "drafter").exists():

@@ -1,4 +1,4 @@
-"""A stand-in engine for tests of eaglenest.workflow.engine_service: the service's lifecycle and
+"""A stand-in engine for tests of eaglenest.engine.service: the service's lifecycle and
 protocol without vLLM (the real engines are tested through Snakemake in test_hidden_states_vllm
 and test_generate_parts)."""
 

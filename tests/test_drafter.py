@@ -2,6 +2,7 @@
 
 import importlib.util
 import json
+import math
 from pathlib import Path
 
 import pytest
@@ -459,12 +460,22 @@ def test_norm_flags_round_trip_through_both_exports_as_vllm_and_sglang_read_them
             assert torch.equal(loaded.state_dict()[name], tensor), name
 
 
-# ttt_attention as it was before blocks (the whole [B, nh, T, T + k] score matrix at once): the
-# reference here and the "before" of bench/train_memory.py, which holds it.
-_spec = importlib.util.spec_from_file_location("train_memory", Path(__file__).parents[1] / "bench" / "train_memory.py")
-_bench = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(_bench)
-full_matrix_ttt_attention = _bench.full_matrix_ttt_attention
+def full_matrix_ttt_attention(q, keys, values):
+    """ttt_attention without blocks: the whole [B, nh, T, T + k] score matrix at once, the reference."""
+    B, T, nh, D = q.shape
+    q = q.transpose(1, 2) / math.sqrt(D)  # [B, nh, T, D]
+    k0 = repeat_kv(keys[0], nh).transpose(1, 2)  # [B, nh, T, D]
+    v0 = repeat_kv(values[0], nh).transpose(1, 2)
+    causal = q @ k0.transpose(-1, -2)  # [B, nh, T, T]
+    future = torch.ones(T, T, dtype=torch.bool, device=q.device).triu(1)
+    causal = causal.masked_fill(future, float("-inf"))
+    diagonal = [(q * repeat_kv(k, nh).transpose(1, 2)).sum(-1, keepdim=True) for k in keys[1:]]
+    scores = torch.cat([causal, *diagonal], dim=-1)  # [B, nh, T, T + k]
+    probs = scores.float().softmax(-1).to(q.dtype)
+    out = probs[..., :T] @ v0  # [B, nh, T, D]
+    for s, v in enumerate(values[1:]):
+        out = out + probs[..., T + s, None] * repeat_kv(v, nh).transpose(1, 2)
+    return out.transpose(1, 2)
 
 
 def attention_inputs(B, T, nh, nkv, D, steps, seed=0):

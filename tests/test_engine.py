@@ -6,7 +6,7 @@ import dataclasses
 import yaml
 
 from conftest import REPO
-from eaglenest.engine import ENGINE_ARGS, OPTIONAL_ENGINE_ARGS, engine_args
+from eaglenest.engine.start import ENGINE_ARGS, OPTIONAL_ENGINE_ARGS, engine_args
 
 
 def test_every_engine_setting_reaches_vllm_under_its_own_name():

@@ -1,4 +1,4 @@
-"""The engine service (eaglenest/workflow/engine_service.py) with a stand-in engine
+"""The engine service (eaglenest/engine/service.py) with a stand-in engine
 (tests/service_engine.py): one load serves every connection of a run, log lines reach the
 caller, errors keep their kind, and the service ends when stopped, when idle, or at once when
 the process that owns it is gone."""
@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from eaglenest.workflow.engine_service import engine_service, stop_services
+from eaglenest.engine.service import engine_service, stop_services
 from eaglenest.workflow.errors import InputError
 
 TESTS = Path(__file__).resolve().parent
@@ -113,7 +113,7 @@ def test_the_service_ends_at_once_when_its_owner_is_killed(here):
     client = here / "client.py"
     client.write_text(
         "import os, time\n"
-        "from eaglenest.workflow.engine_service import engine_service\n"
+        "from eaglenest.engine.service import engine_service\n"
         f"with engine_service('test', {FACTORY!r}, {{'factor': 2}}, log_path='engine.log', idle_s=3600) as call:\n"
         "    print(call('pid'), os.getpid(), flush=True)\n"
         "    time.sleep(60)\n")

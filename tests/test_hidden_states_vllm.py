@@ -26,7 +26,7 @@ import pytest
 import torch
 from safetensors import safe_open
 
-from eaglenest.engine import generate_with
+from eaglenest.engine.generate import generate_with
 from eaglenest.states.hf import extract_shard, load_target
 from eaglenest.states.vllm_extract import VllmStateExtractor, extract_shard_vllm, stitch
 from eaglenest.states.parts import read_part

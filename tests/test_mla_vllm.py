@@ -40,7 +40,8 @@ TOLERANCE = 0.02
 def serve(target, drafter, prompts):
     """Greedy generation of `prompts` with the drafter at K in one vLLM engine (its own process:
     tests/vllm_generate.py) -> {"token_ids", "counters"}."""
-    from eaglenest.engine import eagle3_speculative_config, generate_at, start_engine
+    from eaglenest.engine.generate import generate_at
+    from eaglenest.engine.start import eagle3_speculative_config, start_engine
 
     llm = start_engine(target, {"dtype": "bfloat16", "max_model_len": 256, "gpu_memory_utilization": 0.05,
                                 "enforce_eager": True, "max_num_seqs": len(prompts),

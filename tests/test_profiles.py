@@ -116,7 +116,7 @@ def rules_taking_all_cores():
 def test_a_cluster_profile_gives_threads_to_every_rule_that_takes_all_cores(profile):
     """A cluster run has no --cores, so such a rule's job fails with "Workflow requires a total
     number of cores to be defined" when it is submitted, unless the profile sets its threads; a
-    dry run never asks (found running the demo through sbatch: docs/GPUS.md)."""
+    dry run never asks (found running the demo through sbatch: docs/CLUSTERS.md)."""
     settings = yaml.safe_load((REPO / profile / "config.yaml").read_text())
     taking = rules_taking_all_cores()
     assert {"build_demo_target", "train_drafter", "vllm_baseline", "evaluate_vllm"} <= taking
@@ -182,7 +182,7 @@ def test_kubernetes_gpu_jobs_name_their_manufacturer(gpu_config, storage):
 
 
 def test_slurm_multi_node_training_builds_one_torchrun_per_node(tmp_path, gpu_config):
-    """docs/GPUS.md's edit for 2 nodes x 8 GPUs ("Multi-node training"): the job asks SLURM for 2
+    """docs/CLUSTERS.md's edit for 2 nodes x 8 GPUs ("Multi-node training"): the job asks SLURM for 2
     nodes and 16 GPUs, and the training launch made from its resources starts torchrun on each node with srun."""
     settings = yaml.safe_load((REPO / "profiles/slurm/config.yaml").read_text())
     settings["set-resources"]["train_drafter"] |= {"nodes": 2, "tasks": 2, "tasks_per_gpu": 0, "mpi": "srun"}

@@ -1,5 +1,5 @@
 """The learning-rate schedule (eaglenest.train.optim.lr_factor) against transformers' own, which
-speculators 0.9.0 trains with (docs/TRAINING.md "speculators 0.9.0's recipe, from its code")."""
+speculators 0.9.0 trains with (docs/RECIPE.md "speculators 0.9.0's recipe, from its code")."""
 
 import pytest
 import torch

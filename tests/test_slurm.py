@@ -1,10 +1,10 @@
 """profiles/slurm on a real two-node SLURM cluster (tests/slurm_cluster.py: slurmctld, a slurmd per
 node and munge on this machine), and the faults a cluster run meets. The CPU stages from the
 responses to the token counts: a job cancelled while it runs is rerun alone; Snakemake killed
-mid-run, then run again as docs/GPUS.md says, submits only the unfinished job; a job over its
+mid-run, then run again as docs/CLUSTERS.md says, submits only the unfinished job; a job over its
 memory or its time is killed by the scheduler, which says why; the artifacts are byte-identical to
 a local run's. Then, on a few samples, train_drafter on both nodes and the GPU stage hidden_states
-(vLLM on CPU) grouped into one allocation, each against a local run (docs/GPUS.md)."""
+(vLLM on CPU) grouped into one allocation, each against a local run (docs/CLUSTERS.md)."""
 
 import contextlib
 import hashlib
@@ -45,7 +45,7 @@ def slurm(tmp_path_factory):
 
 
 def local_profile(folder):
-    """profiles/slurm fitted to the cluster, as docs/GPUS.md tells a small cluster's user:
+    """profiles/slurm fitted to the cluster, as docs/CLUSTERS.md tells a small cluster's user:
     its partitions and GPU model as they are; memory, CPUs and threads within a node; job
     states from squeue (no accounting daemon); status checks every second (the plugin's default
     40 s is for a busy scheduler); SLURM logs kept for the checks below."""
@@ -88,7 +88,7 @@ def stamps(workdir, paths):
 def runs(slurm, demo_target, tmp_path_factory):
     """Every scenario below side by side, each in a workflow copy of its own, and the local run they
     are compared with. The hung job goes first: its minute, and the plugin's status checks, which
-    slow down while nothing finishes (docs/GPUS.md), are the longest wait, and the rest runs beside
+    slow down while nothing finishes (docs/CLUSTERS.md), are the longest wait, and the rest runs beside
     it. -> {scenario: its future}: a test takes its own scenario's result only."""
     profile = local_profile(tmp_path_factory.mktemp("profile") / "slurm")
     copy = lambda name: small_workflow(tmp_path_factory.mktemp(name), demo_target)  # noqa: E731
@@ -161,7 +161,7 @@ def cancelled(slurm, workdir, profile):
 
 
 def killed(slurm, workdir, profile):
-    """Snakemake SIGKILLed while `token_freq` runs (`tokenize` is done), then what docs/GPUS.md tells
+    """Snakemake SIGKILLed while `token_freq` runs (`tokenize` is done), then what docs/CLUSTERS.md tells
     the user to do: cancel the killed run's jobs by its run ID (in its log), wait until they are
     gone, `--unlock`, run again. -> what each step left, by name."""
     run = on_cluster(slurm, workdir, profile, *TARGETS)
@@ -249,7 +249,7 @@ def test_every_job_is_a_slurm_job_on_the_profiles_partition_with_its_log(runs):
         assert field(record, "JobState") == ("CANCELLED" if job_id == cancelled_id else "COMPLETED"), record
         assert field(record, "Partition") == "cpu"  # default-resources: the CPU stages
         assert field(record, "TimeLimit") == "01:00:00"  # runtime=60 minutes
-        log = workdir / f".snakemake/slurm_logs/rule_{rule}/{job_id}.log"  # where docs/GPUS.md says
+        log = workdir / f".snakemake/slurm_logs/rule_{rule}/{job_id}.log"  # where docs/CLUSTERS.md says
         assert field(record, "StdOut") == str(log) and log.exists()
     assert "TresPerJob" not in "".join(record for _, record in jobs.values())  # no GPU asked for a CPU stage
 
@@ -306,15 +306,15 @@ def test_a_job_over_its_runtime_is_killed_and_its_slurm_log_says_why(runs):
     assert re.search(rf"\*\*\* JOB {job} ON \S+ CANCELLED AT \S+ DUE TO TIME LIMIT \*\*\*", log.read_text())
 
 
-# Multi-node training and the extraction shards grouped into one allocation (docs/GPUS.md), each on
+# Multi-node training and the extraction shards grouped into one allocation (docs/CLUSTERS.md), each on
 # a few of the demo's responses: what is checked is where the jobs ran, and that the artifacts are
 # those of a local run, which runs beside the cluster's from a copy of the same workflow.
 SAMPLES = 48  # the demo's first responses: 43 samples after tokenize, 5 optimizer steps of one epoch
 MANIFEST, D2T, T2D, DRAFTER = (f"results/{path}" for path in ("hidden_states/manifest.json", "vocab/d2t.pt",
                                                                 "vocab/t2d.pt", "drafter"))
-MULTI_NODE = {"nodes": 2, "tasks": 2, "tasks_per_gpu": 0, "mpi": "srun"}  # docs/GPUS.md's lines for train_drafter
+MULTI_NODE = {"nodes": 2, "tasks": 2, "tasks_per_gpu": 0, "mpi": "srun"}  # docs/CLUSTERS.md's lines for train_drafter
 SHARDS = [f"results/hidden_states/shard_{i:05d}.safetensors" for i in range(2)]
-# docs/GPUS.md "The shards of a phase in one allocation": the shards in one sbatch job of one shard's resources
+# docs/CLUSTERS.md "The shards of a phase in one allocation": the shards in one sbatch job of one shard's resources
 GROUPED = {
     "groups": ["hidden_states=extract"], "group-components": [f"extract={len(SHARDS)}"],
     "resources": ["engine=1"], "set-resource-scopes": ["engine=local"],
@@ -367,7 +367,7 @@ def step_tasks(slurm, step):
 
 @pytest.fixture(scope="module")
 def multi_node(slurm, demo_target, tmp_path_factory):
-    """train_drafter with train.num_processes 2 on CPU through sbatch, with docs/GPUS.md's multi-node
+    """train_drafter with train.num_processes 2 on CPU through sbatch, with docs/CLUSTERS.md's multi-node
     lines (and no gpu_model: a rule of 0 GPUs must not keep one, as the docs say), from the shards of
     a local run. -> (its workdir, the local run's, the SLURM job's id, scontrol's record of it)"""
     workdir = tiny_workflow(tmp_path_factory.mktemp("multi_node") / "slurm", demo_target,
@@ -399,7 +399,7 @@ def test_multi_node_training_runs_a_torchrun_on_each_node(slurm, multi_node):
 
 
 def test_multi_node_training_trains_what_one_node_does(multi_node):
-    """docs/GPUS.md: the number of nodes is not part of what training computes. 2 processes on 2
+    """docs/CLUSTERS.md: the number of nodes is not part of what training computes. 2 processes on 2
     nodes train, tensor for tensor, the drafter of 2 on one node with the threads of both."""
     workdir, local, *_ = multi_node
     trained, expected = tensors(workdir / DRAFTER), tensors(local / DRAFTER)
@@ -445,7 +445,7 @@ def test_a_group_of_shards_is_one_allocation_with_its_gpus(slurm, grouped_extrac
 
 
 def test_a_group_loads_the_target_once_per_shard_not_once(grouped_extraction):
-    """docs/GPUS.md: the group's Snakemake runs each shard in a Snakemake of its own (the SLURM
+    """docs/CLUSTERS.md: the group's Snakemake runs each shard in a Snakemake of its own (the SLURM
     plugin passes no group to it), and an engine service belongs to one Snakemake process: each
     shard job starts a service and loads the target."""
     workdir, *_ = grouped_extraction

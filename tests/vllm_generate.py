@@ -8,7 +8,7 @@ import importlib
 import json
 import sys
 
-from eaglenest.engine import eagle3_speculative_config
+from eaglenest.engine.start import eagle3_speculative_config
 from eaglenest.evaluate.online import EvalEngine
 
 

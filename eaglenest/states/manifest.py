@@ -6,10 +6,10 @@ from pathlib import Path
 from safetensors import safe_open
 
 from eaglenest.data.target import target_config
+from eaglenest.engine.service import stop_services
 from eaglenest.states.convention import FINAL_STATE_CONVENTION, resolve_aux_layer_ids
 from eaglenest.states.shards import check_shard
 from eaglenest.workflow.atomic import write_json
-from eaglenest.workflow.engine_service import stop_services
 
 
 def write_manifest(shard_paths, target_dir, manifest_path, *, aux_layer_ids, dtype):

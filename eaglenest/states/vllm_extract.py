@@ -41,7 +41,7 @@ import time
 import torch
 
 from eaglenest.data.target import target_config
-from eaglenest.engine import EngineHolder, engine_args, start_engine, vllm_cpu, worker_environment
+from eaglenest.engine.start import EngineHolder, engine_args, start_engine, vllm_cpu, worker_environment
 from eaglenest.states.convention import DTYPES, resolve_aux_layer_ids
 from eaglenest.states.shards import FP8, SCALE_KEYS, STATE_KEYS, write_shard
 from eaglenest.states.vllm_worker import WORKER_EXTENSION, unpack
@@ -143,7 +143,7 @@ class VllmStateExtractor(EngineHolder):
     """One vLLM engine on the target with the capture hooks; extract_shard() as often as needed.
 
     `vllm`: the config's vllm section {dtype, tensor_parallel_size, gpu_memory_utilization,
-    max_model_len, enforce_eager}, optionally eaglenest.engine.OPTIONAL_ENGINE_ARGS. Call under
+    max_model_len, enforce_eager}, optionally eaglenest.engine.start.OPTIONAL_ENGINE_ARGS. Call under
     `if __name__ == "__main__":` (vLLM starts processes). The engine runs the target in
     vllm.dtype; states are stored in `dtype`. trust_remote_code: config target.trust_remote_code.
     """

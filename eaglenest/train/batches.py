@@ -8,7 +8,7 @@ lengths and little padding), cut by the budget, and the micro-batches shuffled a
 mixes lengths). An optimizer step takes consecutive micro-batches until they hold
 tokens_per_step supervised tokens (loss_mask positions: what the loss averages over).
 packed_steps instead cuts the shuffled order into steps of at most tokens_per_step tokens,
-prompts included, as speculators packs a batch (docs/TRAINING.md "Recipe"). The cut
+prompts included, as speculators packs a batch (docs/RECIPE.md). The cut
 by budget (states.shards.length_batches) is shared with the offline evaluation, which imports
 nothing of train.
 """

@@ -21,7 +21,7 @@ HEAD_DIM = 128  # served by every vLLM attention backend (FlashInfer: 64, 128, 2
 KV_HEADS = 8  # one KV head per GPU at tensor parallel 8 (capped to divide the heads)
 INTERMEDIATE_SIZE = 12288  # the public Kimi-K2.5 EAGLE-3 drafter's
 ROPE_THETA = 1e6  # plain RoPE; its slowest wavelength spans far more than the context
-# The norm flags of every new drafter, unless config drafter: sets one (docs/TRAINING.md "Recipe")
+# The norm flags of every new drafter, unless config drafter: sets one (docs/RECIPE.md)
 NORM_DEFAULTS = {"norm_before_residual": False, "norm_before_fc": False, "norm_output": False}
 
 

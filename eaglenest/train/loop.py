@@ -138,7 +138,7 @@ def train_drafter(shard_paths, manifest_path, d2t_path, t2d_path, target_dir, ou
     seed on CPU. `trained_config_path`: where to write the DrafterConfig as trained (JSON), what the
     pre-flight check and evaluate_vllm hold the export and vLLM's reading of it against.
 
-    The recipe, each setting explained in docs/TRAINING.md "Recipe": `optimizer`, `lr`, `muon_lr` (None: lr),
+    The recipe, each setting explained in docs/RECIPE.md: `optimizer`, `lr`, `muon_lr` (None: lr),
     `weight_decay`, `muon_weight_decay`, `adamw_betas` (eaglenest.train.optim); `schedule`, `warmup`,
     `warmup_from_zero`, `max_grad_norm`; `supervise`, `mask_alignment`, `temperature` (resolved before:
     eaglenest.workflow.serving.fitted_temperature) and `tv_weight` (eaglenest.train.loss); `length_sorted`,

@@ -1,4 +1,4 @@
-"""The optimizer and learning-rate schedule of a training run (docs/TRAINING.md "Recipe").
+"""The optimizer and learning-rate schedule of a training run (docs/RECIPE.md).
 
 `adamw`: AdamW over every trainable parameter. `muon`: torch.optim.Muon (torch >= 2.9) for the
 drafter's hidden matrices (fc, q/k/v/o, the MLP), whose update it orthogonalises by five

@@ -29,7 +29,7 @@ PLUMBING = frozenset(map(Path, (
     "eaglenest/workflow/gpu_lease.py",  # which GPUs a job gets
     "eaglenest/workflow/device.py",     # cpu or cuda
     "eaglenest/train/launch.py",        # torchrun processes and nodes
-    "eaglenest/workflow/engine_service.py",  # which process runs a phase's engine
+    "eaglenest/engine/service.py",  # which process runs a phase's engine
     "eaglenest/workflow/tracking.py",   # live figures for TensorBoard, W&B, MLflow
 )))
 LOG_CALLS = frozenset(("debug", "info", "warning", "error", "exception", "critical"))

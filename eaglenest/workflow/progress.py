@@ -1,7 +1,7 @@
 """Progress of a long loop as rule-log lines, `label: done/total unit, rate/s, ETA`: at the start,
 whenever PROGRESS_EVERY_S seconds passed since the last line, and at the end. A person watching
 a rule's log of a stage that runs for hours sees it move at least that often. (vLLM generation
-has its own, eaglenest.engine.ProgressLog, because it must report between engine steps.)"""
+has its own, eaglenest.engine.generate.ProgressLog, because it must report between engine steps.)"""
 
 import logging
 import time

@@ -15,7 +15,7 @@ How it lives and dies (docs/HIDDEN_STATES.md "One target load per phase"):
   The job waits while the target loads and fails with the tail of the service's log if it dies.
 - Each connected job is served in a thread of its own; its requests run one at a time, in
   arrival order, unless the engine says it serves_concurrently (then it takes requests from every
-  thread at once: eaglenest.engine.SharedEngine). Log lines of a request go to the requesting
+  thread at once: eaglenest.engine.generate.SharedEngine). Log lines of a request go to the requesting
   job's log as well as the service's, so progress shows in the rule's log.
 - Ends when the phase's last rule stops it (stop_services: the engine's memory must be free
   before the next phase takes the GPUs), when it has been idle for `idle_s`, or at once (its
@@ -50,7 +50,7 @@ from eaglenest import CHECKOUT
 from eaglenest.workflow.errors import InputError
 from eaglenest.workflow.gpu_lease import gpu_lease
 
-log = logging.getLogger("eaglenest.workflow.engine_service")  # also when run as __main__
+log = logging.getLogger("eaglenest.engine.service")  # also when run as __main__
 
 IDLE_S = 300.0  # a service with no request for this long ends (a phase's jobs follow each other in seconds)
 POLL_S = 1.0
@@ -124,7 +124,7 @@ def _start(folder, spec, log_path):
     Path(log_path).parent.mkdir(parents=True, exist_ok=True)
     env = os.environ | {"PYTHONPATH": os.pathsep.join(filter(None, [str(CHECKOUT), os.environ.get("PYTHONPATH")]))}
     with open(log_path, "a") as out:
-        process = subprocess.Popen([sys.executable, "-m", "eaglenest.workflow.engine_service", str(folder)],
+        process = subprocess.Popen([sys.executable, "-m", "eaglenest.engine.service", str(folder)],
                                    stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, env=env,
                                    start_new_session=True)
     log.info("started the %s engine service (pid %d, log %s); waiting for it to load the target",
