@@ -193,16 +193,19 @@ def eagle_config(speculators):
     }
 
 
+# Written instead of a checkpoint where SGLang cannot serve the drafter as it was trained
+NOT_FOR_SGLANG = "not_for_sglang.txt"
+
+
 def sglang_mla_config(config):
     """An mla drafter's config.json (mla_config) for SGLang: its own `Eagle3DeepseekV2ForCausalLM`
     (sgl-project/sglang python/sglang/srt/models/kimi_k25_eagle3.py, read at commit 054a1ce) loads
     the same layout, `layers.0.*` renamed to its midlayer, q_a_proj and kv_a_proj_with_mqa fused, a
     q_lora_rank required, aux ids from eagle_config or the top level. Its layer always norms the
     hidden state after taking the residual: a drafter trained with norm_before_residual would be
-    served as another, so it is refused. SGLang's rope_theta and rope_scaling are added."""
+    served as another, so it gets no config (None). SGLang's rope_theta and rope_scaling are added."""
     if config["norm_before_residual"]:
-        raise ValueError("SGLang's Eagle3DeepseekV2ForCausalLM has no norm_before_residual (its layer norms after "
-                         "the residual): train the mla drafter with norm_before_residual false to serve it there")
+        return None
     rope_theta, rope_scaling = rope_settings(config)
     return {**config, "rope_theta": rope_theta,
             "rope_scaling": None if (rope_scaling or {}).get("rope_type", "default") == "default" else rope_scaling}
@@ -211,11 +214,20 @@ def sglang_mla_config(config):
 def export_eagle(drafter_dir, out_dir):
     """Rewrite a speculators-format drafter in the EAGLE/SGLang format: the same tensors, bit for
     bit, with the decoder layer under `midlayer.*`, and every flag vLLM would default written.
-    An mla drafter keeps its one format, which SGLang reads too (sglang_mla_config)."""
+    An mla drafter keeps its one format, which SGLang reads too (sglang_mla_config); one SGLang
+    cannot serve as trained gets, in place of a checkpoint, NOT_FOR_SGLANG saying why and what
+    SGLang would need (vLLM serves it: results/drafter)."""
     config = json.loads((Path(drafter_dir) / "config.json").read_text())
     weights = load_file(str(Path(drafter_dir) / "model.safetensors"))
     if config.get("architectures") == [MLA_ARCHITECTURE]:
-        config = sglang_mla_config(config)
+        if (config := sglang_mla_config(config)) is None:
+            with atomic_dir(out_dir) as tmp:
+                (tmp / NOT_FOR_SGLANG).write_text(
+                    "SGLang's Eagle3DeepseekV2ForCausalLM (kimi_k25_eagle3.py) has no norm_before_residual: its layer "
+                    "norms the hidden state after taking the residual, so it would serve this drafter as another. "
+                    "Train it with drafter.norm_before_residual: false to serve it there; vLLM serves it as it is "
+                    "(the drafter folder).\n")
+            return
     else:
         config = eagle_config(config)
         weights = {name.replace("layers.0.", "midlayer."): tensor for name, tensor in weights.items()}
