@@ -139,18 +139,25 @@ SMOLLM2_CI = {  # configs/smollm2.yaml, shrunk: what the test's point does not n
 }
 
 
+def config_run(tmp_path_factory, name, configfile, overlay, prompts, num_prompts):
+    """A workflow copy (fixture `name`) after one run of `configfile` with the CI `overlay`, on the
+    first `num_prompts` lines of its `prompts` file -> its results folder."""
+    config = merge(yaml.safe_load((REPO / configfile).read_text()), overlay)
+    with built_once(tmp_path_factory, name) as (folder, build):
+        if build:
+            workdir = new_workdir(folder)
+            path = workdir / prompts
+            path.write_text("".join(path.read_text().splitlines(keepends=True)[:num_prompts]))
+            (workdir / "ci.yaml").write_text(yaml.safe_dump(config))
+            snakemake(workdir, "--configfile", "ci.yaml")
+    return folder / "wf" / config["results"]
+
+
 @pytest.fixture(scope="session")
 def smollm2_run(tmp_path_factory):
     """A workflow copy after one run of configs/smollm2.yaml with the CI overlay, target built by the workflow."""
-    with built_once(tmp_path_factory, "smollm2_run") as (folder, build):
-        if build:
-            workdir = new_workdir(folder)
-            prompts = workdir / "resources/smollm2/prompts.jsonl"
-            prompts.write_text("".join(prompts.read_text().splitlines(keepends=True)[:SMOLLM2_PROMPTS]))
-            config = merge(yaml.safe_load((REPO / "configs/smollm2.yaml").read_text()), SMOLLM2_CI)
-            (workdir / "ci.yaml").write_text(yaml.safe_dump(config))
-            snakemake(workdir, "--configfile", "ci.yaml")
-    return folder / "wf/results/smollm2"
+    return config_run(tmp_path_factory, "smollm2_run", "configs/smollm2.yaml", SMOLLM2_CI,
+                      "resources/smollm2/prompts.jsonl", SMOLLM2_PROMPTS)
 
 
 KIMI_PROMPTS = 160  # of the demo's 2,000, answered greedily: 16 held out
@@ -168,15 +175,8 @@ KIMI_CI = {  # configs/kimi.yaml, shrunk: the Kimi-packaged MLA target end to en
 def kimi_run(tmp_path_factory):
     """A workflow copy after one run of configs/kimi.yaml with the CI overlay: the Kimi-shaped target
     built by the workflow, its drafter layer the default for an MLA target."""
-    with built_once(tmp_path_factory, "kimi_run") as (folder, build):
-        if build:
-            workdir = new_workdir(folder)
-            prompts = workdir / "resources/demo/prompts.jsonl"
-            prompts.write_text("".join(prompts.read_text().splitlines(keepends=True)[:KIMI_PROMPTS]))
-            config = merge(yaml.safe_load((REPO / "configs/kimi.yaml").read_text()), KIMI_CI)
-            (workdir / "ci.yaml").write_text(yaml.safe_dump(config))
-            snakemake(workdir, "--configfile", "ci.yaml")
-    return folder / "wf/results/kimi"
+    return config_run(tmp_path_factory, "kimi_run", "configs/kimi.yaml", KIMI_CI, "resources/demo/prompts.jsonl",
+                      KIMI_PROMPTS)
 
 
 WORKFLOW_FILES = ["Snakefile", "config.yaml", "rules", "scripts", "schemas", "envs", "eaglenest", "resources", "report",
