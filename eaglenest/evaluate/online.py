@@ -20,8 +20,8 @@ import logging
 from eaglenest.data.generate import request_seed
 from eaglenest.data.tokenizer import load_tokenizer, special_token_id
 from eaglenest.engine.generate import generate_at
-from eaglenest.engine.start import (EngineHolder, eagle3_speculative_config, engine_args, seeded_sampling_args,
-                                    start_engine, vllm_cpu, worker_environment)
+from eaglenest.engine.start import (EngineHolder, eagle3_speculative_config, engine_args, engine_core_here,
+                                    seeded_sampling_args, start_engine, vllm_cpu, worker_environment)
 from eaglenest.evaluate.suites import check_prompt_lengths, read_suites
 from eaglenest.workflow.atomic import atomic_path, write_json
 from eaglenest.workflow.jsonl import read_objects
@@ -59,11 +59,12 @@ class EvalEngine(EngineHolder):
         self.stop_token_ids, self.seed = [special_token_id(tokenizer, end_of_turn)], seed
         mends = {"worker_extension_cls": CPU_SAMPLING} if vllm_cpu() and speculative_config else {}
         mends |= seeded_sampling_args(vllm, sampling=True)  # eval.temperatures may hold one above 0
+        here = engine_core_here(target_dir)
         with worker_environment():
             self.llm = start_engine(target_dir, engine_args(vllm, trust_remote_code=trust_remote_code,
                                                             max_num_seqs=max(concurrency),
                                                             speculative_config=speculative_config, **mends))
-        if "worker_extension_cls" in mends:  # the engine core runs in this process: mend it again after this start
+        if "worker_extension_cls" in mends and here:  # the engine core runs in this process: mend it again after this start
             from eaglenest.evaluate.cpu_sampling import mend as mend_sampling
             mend_sampling()
 
