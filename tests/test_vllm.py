@@ -421,6 +421,7 @@ def test_a_divergence_is_numerics_within_the_engine_dtypes_rounding_of_the_logit
     tie = judge(a, b, "bfloat16")
     assert tie["near_tie"] and tie["margin"] == pytest.approx(0.04, abs=1e-5)
     assert judge(b, a, "bfloat16")["near_tie"]  # either way round
+    assert judge(17.0, 20.0, "float32")["near_tie"]  # the target itself prefers the speculative token: no fault
     assert not judge(a, b, "float32")["near_tie"]
     assert judge(20.0, 20.0 + 1e-6, "float32")["near_tie"]  # a float32 tie
     for dtype in ("bfloat16", "float32"):
