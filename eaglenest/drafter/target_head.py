@@ -67,13 +67,15 @@ class TargetHead:
 
     @torch.no_grad()
     def logits(self, final_hidden, tokens):
-        """final_hidden [H] (pre-norm, any dtype), tokens [n] target ids -> [n] float64: the target's
-        logits of `tokens` as the token after that position, computed in float64 (the norm, and
-        lm_head's rows of `tokens` alone) so that their gap is read far below any engine dtype's
-        rounding, float32's included (eaglenest.evaluate.greedy_identity)."""
+        """final_hidden [H] (pre-norm, any dtype), tokens [n] target ids -> ([n] float64 logits, [n]
+        sum_i |w_i x_i| of each): the target's logits of `tokens` as the token after that position,
+        computed in float64 (the norm, and lm_head's rows of `tokens` alone) so that their gap is read
+        far below any engine dtype's rounding, float32's included, and each dot product's absolute
+        sum, which bounds what rounding its terms moves it by (eaglenest.evaluate.greedy_identity)."""
         x = final_hidden.double()
         x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.norm.eps) * self.norm.weight.double()
-        return self.lm_head[tokens].double() @ x
+        w = self.lm_head[tokens].double()
+        return w @ x, w.abs() @ x.abs()
 
     @torch.no_grad()
     def token_probs(self, final_hidden, tokens, temperature, chunk_tokens=1024):
