@@ -189,30 +189,27 @@ def incremental_drafting(drafter, input_ids, aux, anchor, num_steps):
     return logits
 
 
-@pytest.mark.parametrize("flags", [(), *((flag,) for flag in NORM_FLAGS), NORM_FLAGS], ids=lambda f: "+".join(f) or "none")
+# The drafters TTT and cached drafting are held equal on: the gqa layer with each norm flag, and
+# the mla layer (q/k of one width, v of another) with q's LoRA or without, plain RoPE or YaRN.
+TTT_DRAFTERS = {
+    **{"+".join(flags) or "none": dict.fromkeys(flags, True)
+       for flags in [(), *((flag,) for flag in NORM_FLAGS), NORM_FLAGS]},
+    **{f"mla-{q}-{rope}": {"mla": mla, "rope_scaling": scaling, "norm_before_residual": True}
+       for q, mla in (("q_lora", MLA), ("q_proj", {**MLA, "q_lora_rank": None}))
+       for rope, scaling in (("plain", None), ("yarn", DEEPSEEK_YARN))},
+}
+
+
+@pytest.mark.parametrize("settings", TTT_DRAFTERS.values(), ids=TTT_DRAFTERS.keys())
 @torch.no_grad()
-def test_ttt_equals_incremental_drafting_with_kv_cache(flags):
-    drafter = make_drafter(**dict.fromkeys(flags, True))
+def test_ttt_equals_incremental_drafting_with_kv_cache(settings):
+    drafter = make_drafter(**settings)
     T, K = 14, 4
     input_ids, aux = random_inputs(1, T)
     ttt = drafter(input_ids, aux, K)
     for anchor in (0, 1, 5, T - K - 1):
         for k, logits in enumerate(incremental_drafting(drafter, input_ids, aux, anchor, K)):
             # float32 sums in another order: up to 2.3e-5 apart on one host's CPU (logits of ~0.02)
-            torch.testing.assert_close(ttt[k][0, anchor], logits, atol=5e-5, rtol=2e-5)
-
-
-@pytest.mark.parametrize("mla", [MLA, {**MLA, "q_lora_rank": None}], ids=["q_lora", "q_proj"])
-@pytest.mark.parametrize("rope_scaling", [None, DEEPSEEK_YARN], ids=["plain", "yarn"])
-@torch.no_grad()
-def test_mla_ttt_equals_incremental_drafting_with_kv_cache(mla, rope_scaling):
-    """The mla layer (q/k of one width, v of another) through the same TTT and KV-cache machinery."""
-    drafter = make_drafter(mla=mla, rope_scaling=rope_scaling, norm_before_residual=True)
-    T, K = 14, 4
-    input_ids, aux = random_inputs(1, T)
-    ttt = drafter(input_ids, aux, K)
-    for anchor in (0, 1, 5, T - K - 1):
-        for k, logits in enumerate(incremental_drafting(drafter, input_ids, aux, anchor, K)):
             torch.testing.assert_close(ttt[k][0, anchor], logits, atol=5e-5, rtol=2e-5)
 
 

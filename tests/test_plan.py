@@ -50,6 +50,15 @@ def test_a_second_plan_estimates_extraction_and_training_from_the_first_runs_rat
     assert "| hidden_states |" in (workdir / "results/plan.md").read_text()
 
 
+def bench_train_settings(s):
+    """The train: settings of the plan for one of bench/train_memory_model.py's sizes `s` (its
+    size_defaults): one micro-batch of its samples, as the bench measures it."""
+    return {"max_tokens_per_batch": s["samples"] * s["longest"], "ttt_steps": 3, "device": "cpu",
+            "activation_checkpointing": s["checkpointing"], "bf16": s["autocast"], "num_processes": 1,
+            "init_from": None, "optimizer": s["optimizer"], "train_lm_head": s["train_lm_head"],
+            "tv_weight": s["tv_weight"]}
+
+
 def test_planned_training_memory_is_within_20_percent_of_the_measured_peak(tmp_path):
     """The plan's figure for a target and config (the drafter it plans: planned_drafter_config),
     against the peak of a real micro-step of that drafter, as bench/train_memory_model.py
@@ -59,10 +68,7 @@ def test_planned_training_memory_is_within_20_percent_of_the_measured_peak(tmp_p
     size = bench.TEST_SIZES[1]  # checkpointed, accumulating: the loop's steady state, which the plan sizes
     s = bench.size_defaults(size)
     bench.write_target(tmp_path, s)
-    train = {"max_tokens_per_batch": s["samples"] * s["longest"], "ttt_steps": 3, "device": "cpu",
-             "activation_checkpointing": s["checkpointing"], "bf16": s["autocast"], "num_processes": 1,
-             "init_from": None, "optimizer": s["optimizer"], "train_lm_head": s["train_lm_head"],
-             "tv_weight": s["tv_weight"]}
+    train = bench_train_settings(s)
     terms, device, autocast = training_process_memory(
         tmp_path, hidden_states={"aux_layer_ids": [1, 4, 6], "dtype": "bfloat16"}, train=train,
         drafter=bench.geometry(s), draft_vocab_size=s["draft_vocab"], longest=s["longest"])
@@ -82,10 +88,7 @@ def test_the_plan_sizes_an_mla_drafter_by_its_own_layer(tmp_path):
     size = bench.TEST_SIZES[-1]  # mla, checkpointed, accumulating, bf16 autocast, Muon
     s = bench.size_defaults(size)
     bench.write_target(tmp_path, s)
-    train = {"max_tokens_per_batch": s["samples"] * s["longest"], "ttt_steps": 3, "device": "cpu",
-             "activation_checkpointing": s["checkpointing"], "bf16": s["autocast"], "num_processes": 1,
-             "init_from": None, "optimizer": s["optimizer"], "train_lm_head": s["train_lm_head"],
-             "tv_weight": s["tv_weight"]}
+    train = bench_train_settings(s)
     planned = {layer: training_process_memory(
         tmp_path, hidden_states={"aux_layer_ids": [1, 4, 6], "dtype": "bfloat16"}, train=train,
         drafter=geometry, draft_vocab_size=s["draft_vocab"], longest=s["longest"])[0]
