@@ -185,7 +185,8 @@ def vllm_run(suite, temperature, method, K, concurrency, speedup):
     run = {"suite": suite, "temperature": temperature, "draft_sample_method": method, "num_speculative_tokens": K,
            "concurrency": concurrency, "prompts": 4, "generated_tokens": 60, "counters": {}, **online,
            "tokens_per_s_without_speculation": 400.0 * concurrency,
-           "tokens_per_s_with_speculation": 400.0 * concurrency * speedup, "speedup": speedup, "offline": offline,
+           "tokens_per_s_with_speculation": 400.0 * concurrency * speedup, "speedup": speedup,
+           "vllm_same_text": online, "offline": offline,
            "ceiling": CEILINGS[method], "ceiling_per_position": ceiling,
            "share_of_ceiling_per_position": share_of_ceiling(online["acceptance_rate_per_position"], ceiling),
            "max_disagreement": max(gaps), "tolerance_per_position": tolerance,
@@ -307,6 +308,9 @@ def test_near_ties_where_speculation_changed_greedy_text_are_reported(tmp_path):
     assert greedy_identity(vllm) == ("; greedy text changed by speculation at 1 prompt(s) in 1 run(s), each at a "
                                      "near-tie of the target's logits within bfloat16 rounding (closest to the "
                                      "limit: margin 0.0625 of tolerance 0.156)")
+    run |= {"replayed_text_differs": {"p1": 30}, "vllm_same_text": run["vllm_same_text"] | {"num_drafts": 5}}
+    assert greedy_identity(vllm).endswith("; where a text left the replayed one, the 1 run(s) were compared on the "
+                                          f"drafts made before (5 of {run['num_drafts']})")
     write_json(tmp_path / "vllm.json", vllm)
     write_acceptance_table(tmp_path / "offline.json", tmp_path / "vllm.json", tmp_path / "acceptance.html")
     assert "25% of prompts changed, each at a near-tie of the target's logits" in text_of(tmp_path / "acceptance.html")

@@ -23,7 +23,8 @@ def generate_with(llm, prompts, *, stop_token_ids, max_tokens, temperature=0.0, 
     """Generate for each prompt (a list of token ids) with the started engine `llm` (start_engine)
     and return a dict: token_ids (generated ids per prompt, the end-of-turn token included when it
     stopped there), finish_reasons ("stop" | "length"), counters (vLLM's spec-decode counters
-    since the engine started, {} without a drafter), generate_s (wall time of this generation),
+    since the engine started, {} without a drafter), accepted_per_step and drafted_per_step (per
+    request, where the engine keeps per_request_spec_decode_metrics "detailed"), generate_s (wall time of this generation),
     generated_tokens, tokens_per_s and vllm_version.
 
     stop_token_ids: where a completion ends (the end-of-turn id), given explicitly so that it does
@@ -77,10 +78,14 @@ def generation_result(llm, outputs, elapsed, counters_before=None):
     counters = counters_since(spec_counters(llm), counters_before or {})
     token_ids = [list(o.outputs[0].token_ids) for o in outputs]
     generated = sum(map(len, token_ids))
+    per_request = [o.outputs[0].spec_decode_metrics for o in outputs]
+    steps = {"accepted_per_step": [list(m.per_step_accepted) for m in per_request],
+             "drafted_per_step": [list(m.per_step_drafted) for m in per_request]} if all(per_request) else {}
     return {
         "token_ids": token_ids,
         "finish_reasons": [o.outputs[0].finish_reason for o in outputs],
         "counters": counters,
+        **steps,
         "generate_s": elapsed,
         "generated_tokens": generated,
         "tokens_per_s": generated / elapsed,

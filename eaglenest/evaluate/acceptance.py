@@ -113,6 +113,35 @@ def served_positions(anchors, lengths):
     return drafted
 
 
+def common_text_counters(accepted_per_step, drafted_per_step, first_differences, K):
+    """vLLM's spec-decode counters (generation's `counters` shape) of only the drafts whose K
+    guesses all fall on text the request shares with the text the offline side replays: with
+    first_differences[i] the first generated token where request i's text leaves it (None: never),
+    a step whose anchor is generated token g guesses g+1 .. g+K and counts iff g + K < that token.
+    vLLM's first step drafts after generated token 0 and each step moves the anchor by its accepted
+    tokens plus the target's own (served_positions' walk). Offline, served_tokens = common_served()
+    keeps the same anchors. accepted_per_step, drafted_per_step: per request, vLLM's per-step
+    counts (per_request_spec_decode_metrics "detailed")."""
+    drafts, draft_tokens, per_position = 0, 0, [0] * K
+    for accepted, drafted, first in zip(accepted_per_step, drafted_per_step, first_differences):
+        g = 0
+        for a, n in zip(accepted, drafted):
+            if first is not None and g + K >= first:
+                break
+            drafts, draft_tokens = drafts + 1, draft_tokens + n
+            for k in range(a):
+                per_position[k] += 1
+            g += a + 1
+    return {"num_drafts": drafts, "num_draft_tokens": draft_tokens, "num_accepted_tokens": sum(per_position),
+            "num_accepted_tokens_per_position": per_position}
+
+
+def common_served(first_difference, K):
+    """The served_tokens that keeps the offline anchors where common_text_counters counts vLLM's:
+    anchors are generated tokens g <= served - 2 (draft_anchors), and g + K < first_difference."""
+    return max(first_difference - K + 1, 0)
+
+
 def served_anchors(anchors, lengths):
     """Accepted lengths at served_positions."""
     return [lengths[t] for t in served_positions(anchors, lengths)]

@@ -34,8 +34,8 @@ import torch
 from eaglenest.data.vocab import load_vocab
 from eaglenest.drafter.load import drafter_from_state, load_drafter
 from eaglenest.drafter.model import DrafterConfig
-from eaglenest.evaluate.acceptance import acceptance_fields, share_of_ceiling
-from eaglenest.evaluate.agreement_states import AgreementStates, layer_misreadings
+from eaglenest.evaluate.acceptance import acceptance_fields, common_served, share_of_ceiling
+from eaglenest.evaluate.agreement_states import AgreementStates, layer_misreadings, text_key
 from eaglenest.evaluate.expected import (CEILING_DESCRIPTIONS, CEILINGS, ceiling_outcomes, chain_outcomes, estimate,
                                          family_z, sample_counts, sample_seed)
 from eaglenest.evaluate.greedy_identity import judge_divergences
@@ -73,13 +73,14 @@ def trained_drafter(drafter_dir, trained_config, d2t, t2d, embed_tokens):
 
 @torch.no_grad()
 def offline_estimates(states, indices, variants, Ks, *, temperature, max_tokens, head, device, method="greedy",
-                      ceiling=False):
+                      ceiling=False, served_caps=None):
     """The offline estimate (eaglenest.evaluate.expected.estimate) at each K of `Ks` of each
     (drafter, aux layer ids) of `variants` drafting by `method` (vLLM's draft_sample_method), on
     the samples `indices` of `states` (an AgreementStates: the baseline's text at `temperature`, of
     which the served runs generated at most `max_tokens` tokens), in one pass over them -> [{K:
     estimate}] per variant. `ceiling`: then also, last, the oracle that bounds `method` on this
-    text (expected.ceiling_outcomes), from the same read of each sample."""
+    text (expected.ceiling_outcomes), from the same read of each sample. `served_caps`: {sample
+    index: served tokens at most} (acceptance.common_served: where a run's text left this one)."""
     columns = [states.columns(layer_ids) for _, layer_ids in variants]
     counts = [{K: [] for K in Ks} for _ in range(len(variants) + ceiling)]
     ticker = ProgressLines(f"agreement check, T={temperature:g}, {method}", len(indices), "samples", logger=log)
@@ -87,7 +88,7 @@ def offline_estimates(states, indices, variants, Ks, *, temperature, max_tokens,
         stored = states[i]
         sample = dequantize_states({key: value.to(device) for key, value in stored.items() if key != "id"},
                                    torch.float32)  # FP8 states: dequantized on the device
-        served = min(int(sample["loss_mask"].sum()), max_tokens)
+        served = min(int(sample["loss_mask"].sum()), max_tokens, (served_caps or {}).get(i, max_tokens))
         text = {key: sample[key] for key in ("input_ids", "loss_mask", "final_hidden_states")}
         seed = sample_seed(stored["id"])  # the sample's draws, the same for every variant (they are compared)
         outcomes = [chain_outcomes(drafter, text | {"aux_hidden_states": sample["aux_hidden_states"][:, cols]},
@@ -154,6 +155,15 @@ def tolerance(offline, temperature, online, *, agreement_tolerance, z):
             for se, rate in zip(offline["standard_error_per_position"], online["acceptance_rate_per_position"])]
 
 
+def common_text_caps(states, run, K):
+    """{sample index: served tokens at most} for a temperature-0 run whose text left the replayed
+    one ("replayed_text_differs": prompt id -> first differing generated token): the offline
+    anchors whose K guesses fall before it (acceptance.common_served)."""
+    index = {sample_id: i for i, (_, _, _, sample_id) in enumerate(states.samples.index)}
+    return {index[text_key(run["suite"], 0.0, prompt_id)]: common_served(first, K)
+            for prompt_id, first in run["replayed_text_differs"].items()}
+
+
 def _rates(fields):
     return " / ".join(f"{a:.2f}" for a in fields["acceptance_rate_per_position"])
 
@@ -165,21 +175,22 @@ def disagreement(failing, count, cause):
              f"K={first['num_speculative_tokens']}")
     return InputError(
         f"vLLM does not run the drafter as trained: {len(failing)} of {count} runs disagree with the offline "
-        f"estimate; first {where}: acceptance per position in vLLM {_rates(first)}, offline on the same text "
+        f"estimate; first {where}: acceptance per position in vLLM {_rates(first['vllm_same_text'])}, offline on the same text "
         f"{_rates(first['offline'])} (tolerance " + " / ".join(f"{t:.3f}" for t in first["tolerance_per_position"])
         + f"); {cause}")
 
 
-def diagnose(states, indices, run, drafter, aux_layer_ids, num_layers, *, max_tokens, head, device):
-    """The misreadings (misreadings()) whose offline estimate agrees with `run`'s vLLM counters, as a sentence."""
+def diagnose(states, indices, run, drafter, aux_layer_ids, num_layers, *, max_tokens, head, device, served_caps=None):
+    """The misreadings (misreadings()) whose offline estimate agrees with `run`'s vLLM counters on
+    the text compared (`served_caps` as offline_estimates'), as a sentence."""
     K, temperature = run["num_speculative_tokens"], run["temperature"]
     variants = misreadings(drafter, aux_layer_ids, num_layers)
     estimates = offline_estimates(states, indices, [(variant, ids) for _, variant, ids in variants], [K],
                                   temperature=temperature, max_tokens=max_tokens, head=head, device=device,
-                                  method=run["draft_sample_method"])
+                                  method=run["draft_sample_method"], served_caps=served_caps)
     found = []
     for (description, _, _), by_k in zip(variants, estimates):
-        verdict = compare(run, by_k[K], run["tolerance_per_position"])
+        verdict = compare(run["vllm_same_text"], by_k[K], run["tolerance_per_position"])
         log.info("misreading %s: offline %s (largest gap to vLLM %.3f)", description,
                  by_k[K]["acceptance_rate_per_position"], verdict["max_disagreement"])
         if verdict["agrees"]:
@@ -194,10 +205,15 @@ def diagnose(states, indices, run, drafter, aux_layer_ids, num_layers, *, max_to
 def speculative_run(spec, run, plain, offline, ceiling, tolerance_per_position):
     """One vllm_metrics.json run: the (method, K) engine's run `run` (with vLLM's counters), the
     baseline's run `plain` at the same (suite, temperature, concurrency), the offline estimate on
-    the same text and the method's ceiling there (offline_estimates' oracle at the same K)."""
+    the same text and the method's ceiling there (offline_estimates' oracle at the same K). The
+    comparison holds vLLM's drafts on the text the offline side replays ("vllm_same_text": at
+    temperature 0 those made before the run's text left the baseline's, vllm_speculative's
+    common_text_counters; all of them where the texts are equal and above 0)."""
     online = online_acceptance(run["counters"])
+    same_text = online_acceptance(run.get("common_text_counters", run["counters"]))
     ceiling_rates = ceiling["acceptance_rate_per_position"]
-    keep = {key: run[key] for key in ("greedy_text_unchanged", "divergent_share", "divergences") if key in run}
+    keep = {key: run[key] for key in ("greedy_text_unchanged", "divergent_share", "divergences", "replayed_text_differs")
+            if key in run}
     return {"suite": run["suite"], "temperature": run["temperature"],
             "draft_sample_method": spec["draft_sample_method"], "num_speculative_tokens": spec["num_speculative_tokens"],
             "concurrency": run["concurrency"], "prompts": run["prompts"], "generated_tokens": run["generated_tokens"],
@@ -206,7 +222,7 @@ def speculative_run(spec, run, plain, offline, ceiling, tolerance_per_position):
             "speedup": run["tokens_per_s"] / plain["tokens_per_s"], **keep,
             "ceiling": CEILINGS[spec["draft_sample_method"]], "ceiling_per_position": ceiling_rates,
             "share_of_ceiling_per_position": share_of_ceiling(online["acceptance_rate_per_position"], ceiling_rates),
-            "offline": offline, **compare(online, offline, tolerance_per_position)}
+            "vllm_same_text": same_text, "offline": offline, **compare(same_text, offline, tolerance_per_position)}
 
 
 def estimates_by_run(states, texts, speculative, drafter, aux_layer_ids, Ks, *, max_tokens, head, device):
@@ -265,17 +281,26 @@ def evaluate_vllm(baseline_path, outputs_path, speculative_paths, states_dir, ta
     sampled = sum(spec["num_speculative_tokens"] * sum(r["temperature"] > 0 for r in spec["runs"])
                   for spec in speculative)  # positions compared at temperature > 0
     z = family_z(agreement_standard_errors, sampled)
-    runs = []
+    runs, cuts = [], []  # cuts: each run's common_text_caps (None: compared on the whole text)
     for spec in speculative:
         for run in spec["runs"]:
             key, K, method = (run["suite"], run["temperature"]), spec["num_speculative_tokens"], spec["draft_sample_method"]
             on_its_prompts = key + (run["prompts"], method)
             estimate_k, ceiling_k = offline[on_its_prompts][K], ceiling[on_its_prompts][K]
+            cuts.append(common_text_caps(states, run, K) if run.get("replayed_text_differs") else None)
+            if cuts[-1]:  # temperature 0 on an engine that is not bit-exact: the text both share
+                indices = next(i for suite, t, i in texts if (suite, t) == key)[: run["prompts"]]
+                estimate_k = offline_estimates(states, indices, [(drafter, aux_layer_ids)], [K], temperature=0.0,
+                                               max_tokens=max_tokens, head=head, device=device, method=method,
+                                               served_caps=cuts[-1])[0][K]
             limits = tolerance(estimate_k, run["temperature"], online_acceptance(run["counters"]),
                                agreement_tolerance=agreement_tolerance, z=z)
             runs.append(speculative_run(spec, run, plain[key + (run["concurrency"],)], estimate_k, ceiling_k, limits))
-            log.info("%s T=%g c=%d %s K=%d: vLLM %s, offline %s, tolerance %s: %s; ceiling (%s) %s", *key,
-                     run["concurrency"], method, K, _rates(runs[-1]), _rates(estimate_k),
+            same = runs[-1]["vllm_same_text"]
+            log.info("%s T=%g c=%d %s K=%d: vLLM %s, offline %s (on %d of vLLM's %d drafts: %s), tolerance %s: %s; "
+                     "ceiling (%s) %s", *key, run["concurrency"], method, K, _rates(same), _rates(estimate_k),
+                     same["num_drafts"], runs[-1]["num_drafts"],
+                     "the text both share" if cuts[-1] else "the same text",
                      " / ".join(f"{t:.3f}" for t in limits), "agree" if runs[-1]["agrees"] else "DISAGREE",
                      CEILINGS[method], _rates(ceiling_k))
     if failing := [r for r in runs if not r["agrees"]]:
@@ -284,7 +309,7 @@ def evaluate_vllm(baseline_path, outputs_path, speculative_paths, states_dir, ta
         indices = indices[: first["prompts"]]
         raise disagreement(failing, len(runs), diagnose(states, indices, first, drafter, aux_layer_ids,
                                                         manifest["num_layers"], max_tokens=max_tokens, head=head,
-                                                        device=device))
+                                                        device=device, served_caps=cuts[runs.index(first)]))
     methods = list(dict.fromkeys(spec["draft_sample_method"] for spec in speculative))
     metrics = {
         "vllm_version": speculative[0]["vllm_version"],

@@ -22,6 +22,7 @@ from eaglenest.data.tokenizer import load_tokenizer, special_token_id
 from eaglenest.engine.generate import generate_at
 from eaglenest.engine.start import (EngineHolder, eagle3_speculative_config, engine_args, engine_core_here,
                                     seeded_sampling_args, start_engine, vllm_cpu, worker_environment)
+from eaglenest.evaluate.acceptance import common_text_counters
 from eaglenest.evaluate.suites import check_prompt_lengths, read_suites
 from eaglenest.workflow.atomic import atomic_path, write_json
 from eaglenest.workflow.jsonl import read_objects
@@ -58,6 +59,8 @@ class EvalEngine(EngineHolder):
         tokenizer = load_tokenizer(target_dir, trust_remote_code=trust_remote_code)
         self.stop_token_ids, self.seed = [special_token_id(tokenizer, end_of_turn)], seed
         mends = {"worker_extension_cls": CPU_SAMPLING} if vllm_cpu() and speculative_config else {}
+        if speculative_config:  # each request's accepted tokens per step: the agreement check's common text
+            mends["per_request_spec_decode_metrics"] = "detailed"
         mends |= seeded_sampling_args(vllm, sampling=True)  # eval.temperatures may hold one above 0
         here = engine_core_here(target_dir)
         with worker_environment():
@@ -133,6 +136,21 @@ def baseline_texts(outputs_path, max_tokens):
     return texts
 
 
+def common_text(result, replayed, K):
+    """Where a temperature-0 run's text leaves the one evaluate_vllm replays (the baseline's at the
+    largest concurrency: `replayed`, (ids, continuations)), and vLLM's counters of the drafts made
+    before it (acceptance.common_text_counters): {"replayed_text_differs": {prompt id: first
+    differing generated token}, "common_text_counters"}. On a bit-exact engine the texts are equal
+    and these counters are the run's own; in bfloat16 a near-tie sends a text elsewhere (greedy
+    identity), and drafts past that point guess a text the replay never saw."""
+    n = len(result["token_ids"])  # a smaller concurrency ran the suite's first prompts
+    ids, texts = replayed[0][:n], replayed[1][:n]
+    first = {d["id"]: d["generated_token"] for d in greedy_divergences(ids, texts, result["token_ids"])}
+    return {"replayed_text_differs": first,
+            "common_text_counters": common_text_counters(result["accepted_per_step"], result["drafted_per_step"],
+                                                         [first.get(i) for i in ids], K)}
+
+
 def vllm_speculative(prompt_paths, target_dir, drafter_dir, baseline_outputs, runs_path, *, num_speculative_tokens,
                      suites, temperatures, concurrency, max_tokens, seed, vllm, trust_remote_code,
                      end_of_turn, latency_prompts=None, draft_sample_method="greedy"):
@@ -158,6 +176,7 @@ def vllm_speculative(prompt_paths, target_dir, drafter_dir, baseline_outputs, ru
                          len(divergences), len(ids), f" (first: {divergences[0]})" if divergences else "")
                 run |= {"greedy_text_unchanged": not divergences, "divergent_share": len(divergences) / len(ids),
                         "divergences": divergences}
+                run |= common_text(result, plain[(suite, temperature, max(concurrency))], num_speculative_tokens)
             runs.append(run)
         engine_dtype = str(engine.llm.llm_engine.model_config.dtype).removeprefix("torch.")
     out = {"vllm_version": result["vllm_version"], "draft_sample_method": draft_sample_method,

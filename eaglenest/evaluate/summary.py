@@ -73,9 +73,13 @@ def greedy_identity(online):
         return "; greedy text unchanged by speculation"
     runs = sum(bool(r.get("divergences")) for r in online["runs"])
     worst = max(ties, key=lambda d: abs(d["margin"]) / d["tolerance"] if d["tolerance"] else 0)
+    cut = [r for r in online["runs"] if r.get("replayed_text_differs")]
+    compared = sum(r["vllm_same_text"]["num_drafts"] for r in cut), sum(r["num_drafts"] for r in cut)
     return (f"; greedy text changed by speculation at {len(ties)} prompt(s) in {runs} run(s), each at a near-tie of "
             f"the target's logits within {online['engine_dtype']} rounding (closest to the limit: margin "
-            f"{worst['margin']:.3g} of tolerance {worst['tolerance']:.3g})")
+            f"{worst['margin']:.3g} of tolerance {worst['tolerance']:.3g})"
+            + (f"; where a text left the replayed one, the {len(cut)} run(s) were compared on the drafts made before "
+               f"({compared[0]:,} of {compared[1]:,})" if cut else ""))
 
 
 def counts_in_words(counts):

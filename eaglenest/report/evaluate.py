@@ -268,6 +268,7 @@ def runs_table(online):
             "mean acceptance length": f"{r['mean_acceptance_length']:.2f}",
             CEILING: _rates(r["ceiling_per_position"]),
             "share of ceiling": _rates(r["share_of_ceiling_per_position"], 2),
+            "vLLM, same text": _rates(r["vllm_same_text"]["acceptance_rate_per_position"]),
             "offline, same text": _rates(r["offline"]["acceptance_rate_per_position"]),
             "tolerance per position": _rates(r["tolerance_per_position"]),
             "largest gap": f"{r['max_disagreement']:.3f}", "agrees": "yes" if r["agrees"] else "NO",
