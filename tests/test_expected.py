@@ -222,3 +222,19 @@ def test_standard_errors_are_by_prompt_and_the_family_z_grows_with_the_compariso
     assert ratio_standard_error([1], [4]) == math.inf  # one prompt: no spread to measure
     assert family_z(3, 1) == pytest.approx(3)
     assert family_z(3, 24) == pytest.approx(3.86, abs=0.01)
+
+
+def test_the_sampled_tolerance_takes_vllms_own_spread_by_prompt_where_it_kept_each_requests_counts():
+    """Answers that fall into loops carry most deep accepts: vLLM's own sample spreads by prompt as
+    the replay's sample does not, and the gap's standard error takes vLLM's where it is known."""
+    from eaglenest.evaluate.agreement import tolerance
+    offline = {"acceptance_rate_per_position": [0.5, 0.1], "standard_error_per_position": [0.01, 0.002],
+               "expected_standard_error_per_position": [0.008, 0.001]}
+    online = {"num_drafts": 400, "acceptance_rate_per_position": [0.5, 0.1]}
+    per_request = {"drafts": [100, 100, 100, 100], "accepted_per_position": [[50, 40], [50, 0], [50, 0], [50, 0]]}
+    own = ratio_standard_error([40, 0, 0, 0], [100] * 4)
+    assert own == pytest.approx(0.1)  # one looping answer: all of position 2's accepts
+    assert tolerance(offline, 1.0, online, agreement_tolerance=0.05, z=3)[1] == pytest.approx(
+        3 * math.sqrt(0.1 * 0.9 / 400))  # without them: the binomial floor over the indicator's 0.002
+    assert tolerance(offline, 1.0, online, agreement_tolerance=0.05, z=3, per_request=per_request) == pytest.approx(
+        [3 * math.sqrt(0.5 * 0.5 / 400), 3 * math.hypot(own, 0.001)])

@@ -136,6 +136,14 @@ def common_text_counters(accepted_per_step, drafted_per_step, first_differences,
             "num_accepted_tokens_per_position": per_position}
 
 
+def request_counts(accepted_per_step, K):
+    """Per request, its drafts and its accepted drafts at each position (vLLM's per-step counts):
+    {"drafts": [n], "accepted_per_position": [[a_1 .. a_K]]}: the spread of vLLM's own sample, by
+    prompt, for the agreement check's standard errors."""
+    return {"drafts": [len(steps) for steps in accepted_per_step],
+            "accepted_per_position": [[sum(a > k for a in steps) for k in range(K)] for steps in accepted_per_step]}
+
+
 def common_served(first_difference, K):
     """The served_tokens that keeps the offline anchors where common_text_counters counts vLLM's:
     anchors are generated tokens g <= served - 2 (draft_anchors), and g + K < first_difference."""

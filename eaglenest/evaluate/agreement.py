@@ -37,7 +37,7 @@ from eaglenest.drafter.model import DrafterConfig
 from eaglenest.evaluate.acceptance import acceptance_fields, common_served, share_of_ceiling
 from eaglenest.evaluate.agreement_states import AgreementStates, layer_misreadings, text_key
 from eaglenest.evaluate.expected import (CEILING_DESCRIPTIONS, CEILINGS, ceiling_outcomes, chain_outcomes, estimate,
-                                         family_z, sample_counts, sample_seed)
+                                         family_z, ratio_standard_error, sample_counts, sample_seed)
 from eaglenest.evaluate.greedy_identity import judge_divergences
 from eaglenest.evaluate.online import recommend
 from eaglenest.states.manifest import read_manifest
@@ -142,17 +142,27 @@ def compare(online, offline, tolerance):
             "agrees": all(gap <= t for gap, t in zip(gaps, tolerance))}
 
 
-def tolerance(offline, temperature, online, *, agreement_tolerance, z):
+def tolerance(offline, temperature, online, *, agreement_tolerance, z, per_request=None):
     """Per position: eval.agreement_tolerance at temperature 0 (replaying greedy text is exact but
-    for float rounding), else `z` standard errors of the gap (eaglenest.evaluate.expected), each at
-    least the binomial one of vLLM's own rate over its drafts: where the replay accepts next to
-    nothing its standard error is next to 0, while vLLM's counter, a sample, may still hold a few
-    (a weak drafter at a deep position: 2 of 239 against an expected 0.1)."""
+    for float rounding), else `z` standard errors of the gap (eaglenest.evaluate.expected). vLLM's
+    share of it is its own sample's by-prompt spread where the run kept each request's counts
+    (`per_request`: acceptance.request_counts), else the replay's indicator, which stands for it;
+    each at least the binomial one of vLLM's own rate over its drafts: where the replay accepts
+    next to nothing its standard error is next to 0, while vLLM's counter, a sample, may still hold
+    a few (a weak drafter at a deep position: 2 of 239 against an expected 0.1). vLLM's own spread
+    counts where answers fall into loops: a few looping samples carry most of a deep position's
+    accepts, so one sample's spread says little of another's (the Kimi-shaped demo's target)."""
     if temperature == 0:
         return [agreement_tolerance] * len(offline["acceptance_rate_per_position"])
+    if per_request:
+        own = [ratio_standard_error([a[k] for a in per_request["accepted_per_position"]], per_request["drafts"])
+               for k in range(len(offline["acceptance_rate_per_position"]))]
+        errors = [math.hypot(se, expected) for se, expected in zip(own, offline["expected_standard_error_per_position"])]
+    else:
+        errors = offline["standard_error_per_position"]
     drafts = max(online["num_drafts"], 1)
     return [z * max(se, math.sqrt(rate * (1 - rate) / drafts))
-            for se, rate in zip(offline["standard_error_per_position"], online["acceptance_rate_per_position"])]
+            for se, rate in zip(errors, online["acceptance_rate_per_position"])]
 
 
 def common_text_caps(states, run, K):
@@ -294,7 +304,7 @@ def evaluate_vllm(baseline_path, outputs_path, speculative_paths, states_dir, ta
                                                max_tokens=max_tokens, head=head, device=device, method=method,
                                                served_caps=cuts[-1])[0][K]
             limits = tolerance(estimate_k, run["temperature"], online_acceptance(run["counters"]),
-                               agreement_tolerance=agreement_tolerance, z=z)
+                               agreement_tolerance=agreement_tolerance, z=z, per_request=run.get("per_request"))
             runs.append(speculative_run(spec, run, plain[key + (run["concurrency"],)], estimate_k, ceiling_k, limits))
             same = runs[-1]["vllm_same_text"]
             log.info("%s T=%g c=%d %s K=%d: vLLM %s, offline %s (on %d of vLLM's %d drafts: %s), tolerance %s: %s; "

@@ -40,7 +40,9 @@ whatever the method). vLLM drafts at the anchors where the served run had a toke
 Standard errors are by prompt, the drafts of one response being correlated: for a rate
 r = sum_i a_i / sum_i n_i over m prompts, SE = sqrt(m / (m - 1) * sum_i (a_i - r n_i)^2) / sum_i n_i.
 vLLM's counters are a sample of the indicator's law on the same prompts, so their SE is the
-indicator's; a gap is measured in sqrt(SE_indicator^2 + SE_expected^2).
+indicator's; a gap is measured in sqrt(SE_indicator^2 + SE_expected^2), or, where vLLM kept each
+request's counts, with its own sample's by-prompt SE in place of the indicator's (the agreement
+check's tolerance).
 """
 
 import hashlib
@@ -238,8 +240,9 @@ def estimate(counts, K):
     per_position = [sum(column) for column in expected]
     fields = acceptance_fields(sum(drafts), sum(drafts) * K, sum(per_position), per_position)
     fields["indicator_rate_per_position"] = [sum(column) / max(sum(drafts), 1) for column in indicator]
+    fields["expected_standard_error_per_position"] = [ratio_standard_error(expected[k], drafts) for k in range(K)]
     fields["standard_error_per_position"] = [
-        math.hypot(ratio_standard_error(indicator[k], drafts), ratio_standard_error(expected[k], drafts))
+        math.hypot(ratio_standard_error(indicator[k], drafts), fields["expected_standard_error_per_position"][k])
         for k in range(K)]
     return fields
 

@@ -22,7 +22,7 @@ from eaglenest.data.tokenizer import load_tokenizer, special_token_id
 from eaglenest.engine.generate import generate_at
 from eaglenest.engine.start import (EngineHolder, eagle3_speculative_config, engine_args, engine_core_here,
                                     seeded_sampling_args, start_engine, vllm_cpu, worker_environment)
-from eaglenest.evaluate.acceptance import common_text_counters
+from eaglenest.evaluate.acceptance import common_text_counters, request_counts
 from eaglenest.evaluate.suites import check_prompt_lengths, read_suites
 from eaglenest.workflow.atomic import atomic_path, write_json
 from eaglenest.workflow.jsonl import read_objects
@@ -168,7 +168,9 @@ def vllm_speculative(prompt_paths, target_dir, drafter_dir, baseline_outputs, ru
                     concurrency=concurrency, seed=seed, speculative_config=spec) as engine:
         for suite, temperature, c, entries in grid(prompts, suites, temperatures, concurrency, latency_prompts):
             result = engine.run(suite, entries, temperature, c, max_tokens, label)
-            run = run_entry(suite, temperature, c, result, len(entries)) | {"counters": result["counters"]}
+            run = run_entry(suite, temperature, c, result, len(entries)) | {
+                "counters": result["counters"],
+                "per_request": request_counts(result["accepted_per_step"], num_speculative_tokens)}
             if temperature == 0:
                 ids, plain_tokens = plain[(suite, temperature, c)]
                 divergences = greedy_divergences(ids, plain_tokens, result["token_ids"])
