@@ -30,13 +30,29 @@ SPECIAL_TOKENS = ["<|im_end|>", "<|im_user|>", "<|im_assistant|>", "<|im_system|
 
 # docs/CONTRACTS.md, "Demo chat template". Earlier assistant turns lose their reasoning, as in
 # Kimi's own template; `thinking` (default true) decides whether the generation prompt leaves
-# the <think> block open.
+# the <think> block open. Tools as Kimi's template has them: the declarations in a `tool_declare`
+# system turn, compact JSON; an assistant turn's calls in a section after its content, each
+# `<|tool_call_begin|>ID<|tool_call_argument_begin|>ARGUMENTS<|tool_call_end|>` (arguments as
+# given when a string, else as JSON); a tool's result in a `tool` system turn headed by the id
+# of the call it answers.
 CHAT_TEMPLATE = (
+    "{%- if tools -%}"
+    "<|im_system|>tool_declare<|im_middle|>{{ tools | tojson(separators=(',', ':')) }}<|im_end|>"
+    "{%- endif -%}"
     "{%- for message in messages -%}"
     "{%- if message.role == 'system' -%}<|im_system|>system<|im_middle|>{{ message.content }}<|im_end|>"
     "{%- elif message.role == 'user' -%}<|im_user|>user<|im_middle|>{{ message.content }}<|im_end|>"
     "{%- elif message.role == 'assistant' -%}"
-    "<|im_assistant|>assistant<|im_middle|><think></think>{{ message.content }}<|im_end|>"
+    "<|im_assistant|>assistant<|im_middle|><think></think>{{ message.content }}"
+    "{%- if message.tool_calls -%}<|tool_calls_section_begin|>"
+    "{%- for call in message.tool_calls -%}"
+    "<|tool_call_begin|>{{ call.id }}<|tool_call_argument_begin|>"
+    "{%- if call.function.arguments is string -%}{{ call.function.arguments }}"
+    "{%- else -%}{{ call.function.arguments | tojson }}{%- endif -%}<|tool_call_end|>"
+    "{%- endfor -%}<|tool_calls_section_end|>"
+    "{%- endif -%}<|im_end|>"
+    "{%- elif message.role == 'tool' -%}"
+    "<|im_system|>tool<|im_middle|>## Return of {{ message.tool_call_id }}\n{{ message.content }}<|im_end|>"
     "{%- else -%}{{ raise_exception('unknown role: ' ~ message.role) }}"
     "{%- endif -%}"
     "{%- endfor -%}"
