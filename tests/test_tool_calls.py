@@ -6,12 +6,16 @@ import json
 import shutil
 
 import pytest
+import torch
 
 from eaglenest.data.generate import response_record, write_records
 from eaglenest.data.records import read_records
 from eaglenest.data.tokenize import tokenize_file, tokenize_record
 from eaglenest.data.tokenizer import Tokenizer
 from eaglenest.demo.kimi_tokenizer import NAMED, TOOL_CALL_TOKENS
+from eaglenest.evaluate.acceptance import acceptance, drafts_in_span, served_anchors, span_mask
+from eaglenest.evaluate.expected import sample_counts
+from eaglenest.evaluate.summary import tool_call_table
 from eaglenest.workflow.errors import InputError
 
 from kimi_tokenizer import kimi_tokenizer_dir  # noqa: F401 (a fixture)
@@ -135,3 +139,49 @@ def test_a_template_that_cannot_render_tools_is_one_error_naming_the_prompt(kimi
     with pytest.raises(InputError, match=r"^prompts\.jsonl:2: field 'messages': the target's chat template cannot "
                                          r"render this prompt: unknown role: tool$"):
         tokenizer.prompt(answered["messages"], None, where="prompts.jsonl:2")
+
+
+BEGIN, END = 90, 91  # a tool-call section's first and last token
+
+
+def test_a_tool_call_span_runs_from_the_section_begin_through_its_end():
+    ids = torch.tensor([[5, BEGIN, 1, 2, END, 7, BEGIN, 3],  # the second section cut by max_tokens: to the end
+                        [END, 1, BEGIN, 2, END, 3, 4, 5]])  # an end before any begin opens nothing
+    assert span_mask(ids, BEGIN, END).int().tolist() == [[0, 1, 1, 1, 1, 0, 1, 1], [0, 0, 1, 1, 1, 0, 0, 0]]
+    # a draft at anchor t starts at x_{t+2}: it is the span's when that token is
+    assert drafts_in_span(ids, BEGIN, END).int().tolist() == [[1, 1, 1, 0, 1, 1, 0, 0], [1, 1, 1, 0, 0, 0, 0, 0]]
+    assert drafts_in_span(ids[0], BEGIN, END).tolist() == drafts_in_span(ids, BEGIN, END)[0].tolist()  # one sample
+
+
+def test_the_drafts_in_tool_call_spans_and_the_rest_split_vllms_drafts_and_their_counts():
+    """What the summary puts side by side adds up to what vLLM counts: each served draft is in
+    one part, by where it starts, and drafting goes on as vLLM's (served positions on all anchors)."""
+    generator = torch.Generator().manual_seed(0)
+    T, K = 64, 3
+    ids = torch.randint(0, 80, (T,), generator=generator)
+    ids[[10, 40]], ids[[25, 52]] = BEGIN, END
+    anchors = torch.ones(T, dtype=torch.bool)
+    anchors[-2:] = False
+    matched = (torch.rand(K, T, generator=generator) < 0.7).cumprod(0).bool()
+    inside = drafts_in_span(ids, BEGIN, END)
+    whole, spans, rest = (sample_counts(anchors, matched, None, K, keep) for keep in (None, inside, ~inside))
+    assert spans[0] > 0 and rest[0] > 0 and spans[0] + rest[0] == whole[0]
+    assert [a + b for a, b in zip(spans[1], rest[1])] == whole[1]
+    lengths = matched.sum(0).tolist()
+    assert acceptance(served_anchors(anchors.tolist(), lengths, inside.tolist()), K)["num_accepted_tokens_per_position"] \
+        == spans[1]  # offline.py's count of the same drafts
+
+
+def test_the_summary_shows_acceptance_on_tool_call_spans_beside_the_rest():
+    def fields(rates, drafts):
+        return {"acceptance_rate_per_position": rates, "num_drafts": drafts}
+
+    run = {"suite": "tools", "temperature": 0.0, "concurrency": 4, "draft_sample_method": "greedy",
+           "num_speculative_tokens": 3, **fields([0.9, 0.7, 0.5], 100),
+           "offline": {**fields([0.9, 0.7, 0.5], 100), "tool_call_spans": fields([0.95, 0.9, 0.85], 40),
+                       "outside_tool_call_spans": fields([0.87, 0.57, 0.27], 60)}}
+    plain = run | {"suite": "chat", "offline": fields([0.8, 0.6, 0.4], 90)}  # not split: not shown
+    lines = tool_call_table({"runs": [plain, run]})
+    assert lines[5] == ("| tools | 0 | 4 | greedy K=3 | 0.90 / 0.70 / 0.50 | 0.90 / 0.70 / 0.50 | 0.95 / 0.90 / 0.85 "
+                        "| 40 | 0.87 / 0.57 / 0.27 | 60 |")
+    assert len(lines) == 8 and tool_call_table({"runs": [plain]}) == []

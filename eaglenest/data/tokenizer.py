@@ -44,6 +44,15 @@ def special_token_id(hf, token):
     return token_id
 
 
+def tool_call_span(target_dir, *, trust_remote_code, tool_call_tokens):
+    """The ids (section begin, section end) of the target's tool-call section, by the config's
+    tokenize.tool_call_tokens; None where it names none."""
+    if not tool_call_tokens:
+        return None
+    hf = load_tokenizer(target_dir, trust_remote_code=trust_remote_code)
+    return tuple(special_token_id(hf, tool_call_tokens[name]) for name in ("section_begin", "section_end"))
+
+
 def plain_text_route(hf):
     """(name, encode) for text whose special-token text must stay text, whatever `hf.encode`
     defaults to (remote code may ignore split_special_tokens: Kimi's does):

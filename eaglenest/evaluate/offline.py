@@ -9,10 +9,11 @@ import logging
 from pathlib import Path
 
 from eaglenest.data.samples import is_heldout
+from eaglenest.data.tokenizer import tool_call_span
 from eaglenest.drafter.load import load_drafter
 from eaglenest.drafter.target_head import TargetHead
-from eaglenest.evaluate.acceptance import (acceptance, accepted_lengths, chain_lengths, oracle_drafts, served_anchors,
-                                           share_of_ceiling)
+from eaglenest.evaluate.acceptance import (acceptance, accepted_lengths, chain_lengths, drafts_in_span, oracle_drafts,
+                                           served_anchors, share_of_ceiling)
 from eaglenest.states.manifest import read_manifest
 from eaglenest.states.shards import ShardSamples, check_shards, collate, dequantize_states, length_batches
 from eaglenest.workflow.atomic import write_json
@@ -35,6 +36,8 @@ def evaluate_offline(
     max_tokens_per_batch=4096,
     device=None,
     tracking=None,
+    trust_remote_code=False,
+    tool_call_tokens=None,
 ):
     """Write the acceptance of `drafter_dir` on the held-out samples as JSON; return it.
 
@@ -55,6 +58,10 @@ def evaluate_offline(
     `tracking`: the config's tracking section (None: none; eaglenest.workflow.tracking), whose
     trackers get the acceptance per position, every anchor's and served, as run evaluate_offline
     (TensorBoard: tensorboard/evaluate_offline beside out_path).
+
+    `tool_call_tokens` (config tokenize.tool_call_tokens; the target's tokenizer read with
+    trust_remote_code): "served" then also splits its drafts between "tool_call_spans" (those
+    that start inside a tool-call section, acceptance.drafts_in_span) and "outside_tool_call_spans".
     """
     device = torch_device(device)
     manifest = read_manifest(manifest_path)
@@ -67,8 +74,9 @@ def evaluate_offline(
     samples = ShardSamples(shard_paths, keep=lambda i: is_heldout(i, heldout_fraction))
     dtype = next(drafter.parameters()).dtype
     K = num_speculative_tokens
+    span = tool_call_span(target_dir, trust_remote_code=trust_remote_code, tool_call_tokens=tool_call_tokens)
 
-    every, served, ceiling, generated = [], [], [], 0
+    every, served, ceiling, generated, in_span, off_span = [], [], [], 0, [], []
     sizes = [end - start for _, start, end, _ in samples.index]
     ticker = ProgressLines("offline evaluation", len(samples), "samples", logger=log, rate_of="tokens")
     for indices in length_batches(range(len(samples)), sizes, max_tokens_per_batch):
@@ -76,10 +84,15 @@ def evaluate_offline(
         batch = dequantize_states({k: t.to(device) for k, t in batch.items()}, dtype)  # FP8: dequantized here
         anchors, lengths = accepted_lengths(drafter, batch, K)
         _, oracle = chain_lengths(oracle_drafts(head.argmax(batch["final_hidden_states"]), K), batch)
-        for sample_anchors, sample_lengths, oracle_lengths in zip(anchors.tolist(), lengths.tolist(), oracle.tolist()):
+        inside = drafts_in_span(batch["input_ids"], *span).tolist() if span else [None] * len(indices)
+        for sample_anchors, sample_lengths, oracle_lengths, sample_inside in zip(anchors.tolist(), lengths.tolist(),
+                                                                                 oracle.tolist(), inside):
             every += [a for a, is_anchor in zip(sample_lengths, sample_anchors) if is_anchor]
             served += served_anchors(sample_anchors, sample_lengths)
             ceiling += served_anchors(sample_anchors, oracle_lengths)
+            if span:
+                in_span += served_anchors(sample_anchors, sample_lengths, sample_inside)
+                off_span += served_anchors(sample_anchors, sample_lengths, [not x for x in sample_inside])
         generated += int(batch["loss_mask"].sum())
         ticker.advance(len(indices), work=sum(sizes[i] for i in indices))
 
@@ -87,6 +100,9 @@ def evaluate_offline(
     served_fields["ceiling_per_position"] = acceptance(ceiling, K)["acceptance_rate_per_position"]
     served_fields["share_of_ceiling_per_position"] = share_of_ceiling(served_fields["acceptance_rate_per_position"],
                                                                       served_fields["ceiling_per_position"])
+    if span:
+        served_fields["tool_call_spans"], served_fields["outside_tool_call_spans"] = acceptance(in_span, K), acceptance(
+            off_span, K)
     result = {
         "num_speculative_tokens": K,
         **acceptance(every, K),
