@@ -16,6 +16,7 @@ from eaglenest.demo.kimi_tokenizer import NAMED, TOOL_CALL_TOKENS
 from eaglenest.evaluate.acceptance import acceptance, drafts_in_span, served_anchors, span_mask
 from eaglenest.evaluate.expected import sample_counts
 from eaglenest.evaluate.summary import tool_call_table
+from eaglenest.report.evaluate import heldout_table, tool_call_spans_table
 from eaglenest.workflow.errors import InputError
 
 from kimi_tokenizer import kimi_tokenizer_dir  # noqa: F401 (a fixture)
@@ -185,3 +186,23 @@ def test_the_summary_shows_acceptance_on_tool_call_spans_beside_the_rest():
     assert lines[5] == ("| tools | 0 | 4 | greedy K=3 | 0.90 / 0.70 / 0.50 | 0.90 / 0.70 / 0.50 | 0.95 / 0.90 / 0.85 "
                         "| 40 | 0.87 / 0.57 / 0.27 | 60 |")
     assert len(lines) == 8 and tool_call_table({"runs": [plain]}) == []
+
+
+def test_the_report_shows_the_same_split():
+    def fields(rates, drafts):
+        return {"acceptance_rate_per_position": rates, "num_drafts": drafts, "num_accepted_tokens": 1,
+                "mean_acceptance_length": 1 + sum(rates)}
+
+    run = {"suite": "tools", "temperature": 0.0, "concurrency": 4, "draft_sample_method": "greedy",
+           "num_speculative_tokens": 3, **fields([0.9, 0.7, 0.5], 100),
+           "offline": {**fields([0.9, 0.7, 0.5], 100), "tool_call_spans": fields([0.95, 0.9, 0.85], 40),
+                       "outside_tool_call_spans": fields([0.87, 0.57, 0.27], 60)}}
+    online = {"runs": [run], "draft_sample_methods": ["greedy"], "suites": {"tools": 24}}
+    row = tool_call_spans_table(online).iloc[0]
+    assert (row["tool-call spans"], row["drafts there"], row["mean acceptance length there"]) == (
+        "0.950\u00a0/\u00a00.900\u00a0/\u00a00.850", "40", "3.70")
+    offline = {"served": {**fields([0.9, 0.7, 0.5], 100), "ceiling_per_position": [1, 1, 1],
+                          "tool_call_spans": fields([0.95, 0.9, 0.85], 40),
+                          "outside_tool_call_spans": fields([0.87, 0.57, 0.27], 60)}, **fields([0.9, 0.7, 0.5], 300)}
+    assert list(heldout_table(offline)["drafts from"])[1:3] == ["served, drafts starting in a tool call",
+                                                                 "served, drafts starting elsewhere"]
