@@ -410,7 +410,8 @@ def test_the_captions_and_the_front_page_put_config_values_in_words(edit):
     front = pages["workflow.rst"]
     if edit == "as_is":
         assert "the prompts of resources/demo/prompts.jsonl in vLLM, in 4 parts" in front
-        assert "chat ( resources/demo/eval_chat.jsonl ), every prompt of each (48 tokens per prompt)" in front
+        assert ("chat ( resources/demo/eval_chat.jsonl ), tools ( resources/demo/eval_tools.jsonl ), every prompt of "
+                "each (48 tokens per prompt)") in front
         assert "(unset: greedy, and probabilistic above temperature 0)" in front
     else:
         assert "the prompts of the 2 datasets of data.sources , mixed ( read_prompts ) in vLLM" in front

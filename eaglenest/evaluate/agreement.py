@@ -21,6 +21,11 @@ expected.CEILINGS) and the run's share of it. Greedy's is an oracle drafting the
 oracle drafting from p_T restricted to the draft vocab: above greedy's wherever p_T is spread, as
 p_T's mass on the draft vocab bounds sum min(p_T, q). A share near 1 says the drafter has learned
 what its method can use, a low one that it has not.
+
+Where the target's tool-call tokens are named (config tokenize.tool_call_tokens), each run's
+offline estimate also holds its split between the drafts that start in a tool-call section and
+the others (offline_estimates, acceptance.drafts_in_span): at temperature 0 the replay of greedy
+text is exact, so that split is vLLM's own, and its whole agrees with vLLM's counters.
 """
 
 import dataclasses
@@ -242,22 +247,16 @@ def estimates_by_run(states, texts, speculative, drafter, aux_layer_ids, Ks, *, 
 
 def evaluate_vllm(baseline_path, outputs_path, speculative_paths, states_dir, target_dir, drafter_dir,
                   trained_config_path, manifest_path, d2t_path, t2d_path, metrics_path, *, agreement_tolerance,
-                  agreement_standard_errors, device=None, tracking=None, trust_remote_code=False,
-                  tool_call_tokens=None):
+                  agreement_standard_errors, device=None, tracking=None, trust_remote_code=False, tool_call_tokens=None):
     """The evaluate_vllm stage: vllm_metrics.json (docs/CONTRACTS.md) from the baseline's runs and
     continuations, each (draft method, K) engine's runs (`speculative_paths`) and the target's
     states of the reference texts (`states_dir`, rule agreement_states), with the drafter built as
-    trained on `device`. Fails where speculation changed greedy text beyond a near-tie
-    (eaglenest.evaluate.greedy_identity), and, naming the misreadings that reproduce vLLM's
-    numbers, when any run's acceptance is off its method's offline estimate by its tolerance. Each run also
-    gets its method's ceiling on its text (offline_estimates' oracle) and its share of it. Of the
-    target only the embedding, final norm and lm_head are read. `tracking`: the config's tracking
-    section (None: none), whose trackers get each run's acceptance per position, as run
-    evaluate_vllm (TensorBoard: tensorboard/evaluate_vllm beside metrics_path). With
-    `tool_call_tokens` (config tokenize.tool_call_tokens, read by the target's tokenizer with
-    trust_remote_code) each run's offline estimate also holds its split between the drafts that
-    start in tool-call sections and the others (offline_estimates), which at temperature 0 is
-    vLLM's own split: the replay of greedy text is exact, and the whole agrees with vLLM's counters."""
+    trained on `device`. Fails where speculation changed greedy text beyond a near-tie (eaglenest.evaluate.
+    greedy_identity), and, naming the misreadings that reproduce vLLM's numbers, when any run's acceptance is
+    off its method's offline estimate by its tolerance. Each run also gets its method's ceiling on its text
+    (offline_estimates' oracle) and its share of it. Of the target only the embedding, final norm and lm_head
+    are read. `tracking`: the config's tracking section (None: none), whose trackers get each run's acceptance
+    per position, as run evaluate_vllm (TensorBoard: tensorboard/evaluate_vllm); tool_call_tokens: see above."""
     device = torch_device(device)
     baseline = json.loads(Path(baseline_path).read_text())
     speculative = sorted((json.loads(Path(p).read_text()) for p in speculative_paths),

@@ -24,6 +24,29 @@ from eaglenest.workflow.tracking import log_acceptance, open_trackers
 log = logging.getLogger(__name__)
 
 
+def tool_call_split(span, ids, anchors, lengths):
+    """A batch's served drafts (served_anchors) split by where each starts: ([accepted lengths of
+    those starting in a tool-call span], [of the others]); ([], []) without a span (the ids of the
+    section's begin and end)."""
+    inside, spans, rest = drafts_in_span(ids, *span).tolist() if span else [], [], []
+    for sample_anchors, sample_lengths, keep in zip(anchors, lengths, inside):
+        spans += served_anchors(sample_anchors, sample_lengths, keep)
+        rest += served_anchors(sample_anchors, sample_lengths, [not x for x in keep])
+    return spans, rest
+
+
+def served_figures(served, ceiling, K, split):
+    """The "served" figures: acceptance at vLLM's anchors, the ceiling's and the share of it, and
+    with a tool-call `split` (tool_call_split's, whole run) its two parts."""
+    fields = acceptance(served, K)
+    fields["ceiling_per_position"] = acceptance(ceiling, K)["acceptance_rate_per_position"]
+    fields["share_of_ceiling_per_position"] = share_of_ceiling(fields["acceptance_rate_per_position"],
+                                                               fields["ceiling_per_position"])
+    if split:
+        fields["tool_call_spans"], fields["outside_tool_call_spans"] = (acceptance(s, K) for s in split)
+    return fields
+
+
 def evaluate_offline(
     shard_paths,
     manifest_path,
@@ -36,8 +59,7 @@ def evaluate_offline(
     max_tokens_per_batch=4096,
     device=None,
     tracking=None,
-    trust_remote_code=False,
-    tool_call_tokens=None,
+    trust_remote_code=False, tool_call_tokens=None,
 ):
     """Write the acceptance of `drafter_dir` on the held-out samples as JSON; return it.
 
@@ -57,11 +79,7 @@ def evaluate_offline(
 
     `tracking`: the config's tracking section (None: none; eaglenest.workflow.tracking), whose
     trackers get the acceptance per position, every anchor's and served, as run evaluate_offline
-    (TensorBoard: tensorboard/evaluate_offline beside out_path).
-
-    `tool_call_tokens` (config tokenize.tool_call_tokens; the target's tokenizer read with
-    trust_remote_code): "served" then also splits its drafts between "tool_call_spans" (those
-    that start inside a tool-call section, acceptance.drafts_in_span) and "outside_tool_call_spans".
+    (TensorBoard: tensorboard/evaluate_offline beside out_path). tool_call_tokens: tool_call_split.
     """
     device = torch_device(device)
     manifest = read_manifest(manifest_path)
@@ -76,7 +94,7 @@ def evaluate_offline(
     K = num_speculative_tokens
     span = tool_call_span(target_dir, trust_remote_code=trust_remote_code, tool_call_tokens=tool_call_tokens)
 
-    every, served, ceiling, generated, in_span, off_span = [], [], [], 0, [], []
+    every, served, ceiling, generated, split = [], [], [], 0, ([], [])
     sizes = [end - start for _, start, end, _ in samples.index]
     ticker = ProgressLines("offline evaluation", len(samples), "samples", logger=log, rate_of="tokens")
     for indices in length_batches(range(len(samples)), sizes, max_tokens_per_batch):
@@ -84,25 +102,16 @@ def evaluate_offline(
         batch = dequantize_states({k: t.to(device) for k, t in batch.items()}, dtype)  # FP8: dequantized here
         anchors, lengths = accepted_lengths(drafter, batch, K)
         _, oracle = chain_lengths(oracle_drafts(head.argmax(batch["final_hidden_states"]), K), batch)
-        inside = drafts_in_span(batch["input_ids"], *span).tolist() if span else [None] * len(indices)
-        for sample_anchors, sample_lengths, oracle_lengths, sample_inside in zip(anchors.tolist(), lengths.tolist(),
-                                                                                 oracle.tolist(), inside):
+        for sample_anchors, sample_lengths, oracle_lengths in zip(anchors.tolist(), lengths.tolist(), oracle.tolist()):
             every += [a for a, is_anchor in zip(sample_lengths, sample_anchors) if is_anchor]
             served += served_anchors(sample_anchors, sample_lengths)
             ceiling += served_anchors(sample_anchors, oracle_lengths)
-            if span:
-                in_span += served_anchors(sample_anchors, sample_lengths, sample_inside)
-                off_span += served_anchors(sample_anchors, sample_lengths, [not x for x in sample_inside])
+        for whole, part in zip(split, tool_call_split(span, batch["input_ids"], anchors.tolist(), lengths.tolist())):
+            whole += part
         generated += int(batch["loss_mask"].sum())
         ticker.advance(len(indices), work=sum(sizes[i] for i in indices))
 
-    served_fields = acceptance(served, K)
-    served_fields["ceiling_per_position"] = acceptance(ceiling, K)["acceptance_rate_per_position"]
-    served_fields["share_of_ceiling_per_position"] = share_of_ceiling(served_fields["acceptance_rate_per_position"],
-                                                                      served_fields["ceiling_per_position"])
-    if span:
-        served_fields["tool_call_spans"], served_fields["outside_tool_call_spans"] = acceptance(in_span, K), acceptance(
-            off_span, K)
+    served_fields = served_figures(served, ceiling, K, split if span else None)
     result = {
         "num_speculative_tokens": K,
         **acceptance(every, K),
