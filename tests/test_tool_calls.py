@@ -15,6 +15,7 @@ from eaglenest.data.tokenizer import Tokenizer
 from eaglenest.demo.kimi_tokenizer import NAMED, TOOL_CALL_TOKENS
 from eaglenest.evaluate.acceptance import acceptance, drafts_in_span, served_anchors, span_mask
 from eaglenest.evaluate.expected import sample_counts
+from eaglenest.evaluate.offline import served_figures, tool_call_split
 from eaglenest.evaluate.summary import tool_call_table
 from eaglenest.report.evaluate import heldout_table, tool_call_spans_table
 from eaglenest.workflow.errors import InputError
@@ -206,3 +207,17 @@ def test_the_report_shows_the_same_split():
                           "outside_tool_call_spans": fields([0.87, 0.57, 0.27], 60)}, **fields([0.9, 0.7, 0.5], 300)}
     assert list(heldout_table(offline)["drafts from"])[1:3] == ["served, drafts starting in a tool call",
                                                                  "served, drafts starting elsewhere"]
+
+
+def test_offline_splits_a_batch_of_served_drafts_at_tool_call_spans():
+    """evaluate_offline's split of a batch: every served draft in one part, by where it starts."""
+    ids = torch.tensor([[5, 6, BEGIN, 1, 2, END, 7, 8, 9, 10], [1, BEGIN, 2, 3, 4, 5, END, 6, 7, 8]])
+    anchors = [[True] * 8 + [False] * 2] * 2
+    lengths = [[1, 0, 2, 0, 1, 3, 0, 0, 0, 0], [0, 2, 1, 0, 0, 1, 2, 0, 0, 0]]
+    spans, rest = tool_call_split((BEGIN, END), ids, anchors, lengths)
+    whole = [n for a, l in zip(anchors, lengths) for n in served_anchors(a, l)]
+    assert sorted(spans + rest) == sorted(whole) and spans and rest
+    assert tool_call_split(None, ids, anchors, lengths) == ([], [])
+    figures = served_figures(whole, whole, 3, (spans, rest))
+    assert figures["tool_call_spans"]["num_drafts"] + figures["outside_tool_call_spans"]["num_drafts"] == len(whole)
+    assert "tool_call_spans" not in served_figures(whole, whole, 3, None)
