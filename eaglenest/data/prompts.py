@@ -101,10 +101,10 @@ class _Calls:
         return call_id
 
 
-def parse_turns(fields, field="messages", role_key="role", content_key="content", roles=None, calls_key="tool_calls"):
+def parse_turns(fields, field="messages", role_key="role", content_key="content", roles=None):
     """The non-empty list `field` of {role_key, content_key} -> [{role, content}], each role one
-    of `roles` ({as written: role}; None: ROLES as they are), assistant turns with `calls_key` also
-    carrying tool_calls (content null or absent: ""), tool turns their tool_call_id. roles may map
+    of `roles` ({as written: role}; None: ROLES as they are), assistant turns with tool_calls also
+    carrying them (content null or absent: ""), tool turns their tool_call_id. roles may map
     a role to "tool_call" (an assistant turn whose content is the JSON of its calls, {name,
     arguments} or a list of them: ShareGPT's function_call), merged into the assistant turn just
     before it. Errors name the turn and its field."""
@@ -128,11 +128,11 @@ def parse_turns(fields, field="messages", role_key="role", content_key="content"
             else:
                 out.append({"role": "assistant", "content": "", "tool_calls": new})
             continue
-        has_calls = role == "assistant" and _present(turn, calls_key) is not None
+        has_calls = role == "assistant" and _present(turn, "tool_calls") is not None
         content = (t.get(content_key, str, optional=True, allow_none=True) or "") if has_calls else t.get(content_key, str)
         message = {"role": role, "content": content}
         if has_calls:
-            message["tool_calls"] = calls.add(t, calls_key)
+            message["tool_calls"] = calls.add(t, "tool_calls")
         if role == "tool":
             message["tool_call_id"] = calls.answer(t, role_key, "tool_call_id")
         out.append(message)
