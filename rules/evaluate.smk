@@ -35,6 +35,8 @@ rule evaluate_offline:
     params:
         heldout_fraction=config["train"]["heldout_fraction"],
         num_speculative_tokens=max(SPECULATIVE_TOKENS),  # a draft's depths do not depend on K: the deepest
+        trust_remote_code=config["target"]["trust_remote_code"],
+        tool_call_tokens=config["tokenize"].get("tool_call_tokens"),  # acceptance on tool-call spans
         code=code("evaluate_offline"),
     benchmark:
         f"{BENCHMARKS}/evaluate_offline.tsv"
@@ -190,6 +192,8 @@ rule evaluate_vllm:
     params:
         agreement_tolerance=config["eval"]["agreement_tolerance"],
         agreement_standard_errors=config["eval"]["agreement_standard_errors"],
+        trust_remote_code=config["target"]["trust_remote_code"],
+        tool_call_tokens=config["tokenize"].get("tool_call_tokens"),  # acceptance on tool-call spans
         code=code("evaluate_vllm"),
     benchmark:
         f"{BENCHMARKS}/evaluate_vllm.tsv"

@@ -16,6 +16,7 @@ rule tokenize:
         think_start=config["tokenize"]["think_start"],
         think_end=config["tokenize"]["think_end"],
         end_of_turn=config["tokenize"]["end_of_turn"],
+        tool_call_tokens=config["tokenize"].get("tool_call_tokens"),
         code=code("tokenize"),
     log:
         f"{RESULTS}/logs/tokenize.log",

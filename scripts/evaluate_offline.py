@@ -12,6 +12,8 @@ run_stage(
     snakemake.output.metrics,
     heldout_fraction=snakemake.params.heldout_fraction,
     num_speculative_tokens=snakemake.params.num_speculative_tokens,
+    trust_remote_code=snakemake.params.trust_remote_code,
+    tool_call_tokens=snakemake.params.tool_call_tokens,
     device=snakemake.config["train"]["device"],  # the drafter runs where it trained
     max_tokens_per_batch=snakemake.config["eval"]["max_tokens_per_batch"],  # speed only: not a param
     gpus=snakemake.resources.gpu,

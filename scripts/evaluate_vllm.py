@@ -18,6 +18,8 @@ run_stage(
     snakemake.output.metrics,
     agreement_tolerance=snakemake.params.agreement_tolerance,
     agreement_standard_errors=snakemake.params.agreement_standard_errors,
+    trust_remote_code=snakemake.params.trust_remote_code,
+    tool_call_tokens=snakemake.params.tool_call_tokens,
     device=snakemake.config["train"]["device"],  # the drafter runs where it trained
     gpus=snakemake.resources.gpu,
     tracking=snakemake.config.get("tracking", {}),  # observability only: not a param (docs/REBUILDING.md)

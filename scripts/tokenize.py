@@ -16,4 +16,5 @@ run_stage(
     think_start=snakemake.params.think_start,
     think_end=snakemake.params.think_end,
     end_of_turn=snakemake.params.end_of_turn,
+    tool_call_tokens=snakemake.params.tool_call_tokens,
 )

@@ -13,7 +13,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from eaglenest.demo.data import generate_records, write_jsonl
 from eaglenest.demo.kimi import build_demo_kimi_target, vision_shapes
 from eaglenest.demo.kimi_tokenizer import IM_TOKENS, NAMED, RESERVED
-from eaglenest.demo.target import SPECIAL_TOKENS, build_demo_target
+from eaglenest.demo.target import SPECIAL_TOKENS, build_demo_target, tool_call_text
 from eaglenest.data.target import read_target_tensors, target_weight_prefix
 from eaglenest.states.hf import load_target
 from eaglenest.workflow.config import validate_config
@@ -44,9 +44,11 @@ def tokenizer(target):
 
 
 def render(tokenizer, record):
-    """A finished chat as the model generated it in thinking mode."""
-    prompt = tokenizer.apply_chat_template(record["messages"], tokenize=False, add_generation_prompt=True)
-    return prompt + record["reasoning_content"] + "</think>" + record["content"] + "<|im_end|>"
+    """A finished chat as the model generated it in thinking mode (a tool call: its section last)."""
+    prompt = tokenizer.apply_chat_template(record["messages"], tools=record.get("tools"), tokenize=False,
+                                           add_generation_prompt=True)
+    calls = tool_call_text(record["tool_calls"]) if record.get("tool_calls") else ""
+    return prompt + record["reasoning_content"] + "</think>" + record["content"] + calls + "<|im_end|>"
 
 
 def test_special_tokens_are_single_ids(tokenizer):

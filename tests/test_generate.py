@@ -89,7 +89,7 @@ def test_records_without_a_think_block_carry_no_reasoning_and_tokenize(plain_tok
 
 @pytest.mark.parametrize("line, message", [
     ('{"id": "a", "messages": []}', r"p\.jsonl:2: field 'messages': empty"),
-    ('{"id": "a", "messages": [{"role": "assistant", "content": "x"}]}', r"p\.jsonl:2: field 'messages\[0\]\.role': the prompt must end with a user message"),
+    ('{"id": "a", "messages": [{"role": "assistant", "content": "x"}]}', r"p\.jsonl:2: field 'messages\[0\]\.role': the prompt must end with a user or tool message"),
     ('{"messages": [{"role": "user", "content": "x"}]}', r"p\.jsonl:2: field 'id': missing"),
     ('{"id": "p1", "messages": [{"role": "user", "content": "x"}]}', r"p\.jsonl:2: field 'id': duplicate id 'p1' \(first on line 1\)"),
     ('{"id": "b", ', r"p\.jsonl:2: malformed JSON"),

@@ -34,7 +34,7 @@ DEMO_PROMPTS = (REPO / PROMPTS).read_text().splitlines(keepends=True)
 
 
 def prompt_ids(path):
-    return [prompt_id for prompt_id, _, _ in read_prompts(path)]
+    return [p.id for p in read_prompts(path)]
 
 
 def part_files(workdir):

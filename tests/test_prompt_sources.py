@@ -112,6 +112,68 @@ def test_eaglenest_prompts_named_as_such_are_taken_as_they_are(tmp_path):
     assert [p["id"] for p in read_back(tmp_path, [{"path": str(path)}])[0]] == ["p1@1", "p1@2"]  # auto: a conversation
 
 
+# Tool use: the OpenAI form (tools, tool_calls, tool turns) and the ShareGPT form of Glaive and
+# xLAM-style sets (function_call and observation turns, tools a JSON string): one calculator call,
+# its result and the answer. Each gives two prompts: the question (answered by a call) and the
+# conversation up to the tool's result (answered in words); the tool result stays the dataset's.
+CALCULATOR = {"name": "calculator", "description": "Evaluates an arithmetic expression.",
+              "parameters": {"type": "object", "properties": {"expression": {"type": "string"}},
+                             "required": ["expression"]}}
+TOOLS = [{"type": "function", "function": CALCULATOR}]
+QUESTION = {"role": "user", "content": "What is 12 * 7?"}
+OPENAI_TOOL_USE = {"id": "t1", "tools": TOOLS, "messages": [
+    QUESTION,
+    {"role": "assistant", "content": None, "tool_calls": [
+        {"id": "call_1", "type": "function", "function": {"name": "calculator",
+                                                          "arguments": '{"expression": "12 * 7"}'}}]},
+    {"role": "tool", "content": "84", "tool_call_id": "call_1"},
+    {"role": "assistant", "content": "12 * 7 = 84."}]}
+GLAIVE_TOOL_USE = {"id": "g1", "tools": json.dumps([CALCULATOR]), "conversations": [
+    {"from": "human", "value": "What is 12 * 7?"},
+    {"from": "function_call", "value": '{"name": "calculator", "arguments": {"expression": "12 * 7"}}'},
+    {"from": "observation", "value": "84"},
+    {"from": "gpt", "value": "12 * 7 = 84."}]}
+
+
+def tool_prompts(record_id, call_id, arguments):
+    call = {"id": call_id, "type": "function", "function": {"name": "calculator", "arguments": arguments}}
+    after_call = [QUESTION, {"role": "assistant", "content": "", "tool_calls": [call]},
+                  {"role": "tool", "content": "84", "tool_call_id": call_id}]
+    return [{"id": f"{record_id}@1", "messages": [QUESTION], "tools": TOOLS},
+            {"id": f"{record_id}@2", "messages": after_call, "tools": TOOLS}]
+
+
+@pytest.mark.parametrize("container", CONTAINERS)
+def test_tool_use_in_the_openai_form_and_the_glaive_form_reads_with_no_converter(tmp_path, container):
+    """tools, tool_calls and tool turns as OpenAI has them, and a Glaive-style ShareGPT record, in
+    each container: a call without an id gets Kimi's own (functions.NAME:IDX), a tool turn without
+    one answers the call before it, arguments stay as given (a JSON string, an object)."""
+    openai = write([OPENAI_TOOL_USE], container, tmp_path / ("openai." + CONTAINERS[container]))
+    glaive = write([GLAIVE_TOOL_USE], container, tmp_path / ("glaive." + CONTAINERS[container]))
+    prompts, counts = read_back(tmp_path, [{"path": str(openai)}, {"path": str(glaive)}])
+    assert prompts == (tool_prompts("t1", "call_1", '{"expression": "12 * 7"}')
+                       + tool_prompts("g1", "functions.calculator:0", {"expression": "12 * 7"}))
+    assert [s["shape"] for s in counts["sources"]] == ["messages", "sharegpt"]
+    read = read_prompts(tmp_path / "out/prompts.jsonl")  # what split_prompts and generation read
+    assert [(p.id, p.tools) for p in read] == [(p["id"], TOOLS) for p in prompts]
+
+
+def test_parallel_calls_merge_into_one_turn_and_answer_in_order(tmp_path):
+    """Two function_call turns in a row are one assistant turn with two calls; the observations
+    answer them in order, and a conversation ending in a tool result gives one more prompt."""
+    record = {"conversations": [
+        {"from": "human", "value": "12 * 7 and 3 + 4?"},
+        {"from": "function_call", "value": '{"name": "calculator", "arguments": {"expression": "12 * 7"}}'},
+        {"from": "function_call", "value": '[{"name": "calculator", "arguments": "{\\"expression\\": \\"3 + 4\\"}"}]'},
+        {"from": "observation", "value": "84"}, {"from": "observation", "value": "7"}], "id": "p"}
+    prompts, _ = read_back(tmp_path, [{"path": str(write([record], "jsonl", tmp_path / "p.jsonl"))}])
+    assert [p["id"] for p in prompts] == ["p@1", "p@2"]
+    turn, first, second = prompts[1]["messages"][1:]
+    assert [c["id"] for c in turn["tool_calls"]] == ["functions.calculator:0", "functions.calculator:1"]
+    assert turn["tool_calls"][1]["function"]["arguments"] == '{"expression": "3 + 4"}'
+    assert (first["tool_call_id"], second["tool_call_id"]) == ("functions.calculator:0", "functions.calculator:1")
+
+
 def numbered(n, start=0):
     return [{"messages": [{"role": "user", "content": f"question {i}"}, {"role": "assistant", "content": f"answer {i}"}]}
             for i in range(start, start + n)]
@@ -168,8 +230,25 @@ def test_split_prompts_puts_the_prompts_of_the_appended_records_only_in_the_part
 BAD = {
     "unknown shape": ([{"text": "hello"}], "no field 'conversations' (ShareGPT), 'messages'", "fields: text"),
     "a role the template cannot take": (
-        [{"conversations": [{"from": "human", "value": "hi"}, {"from": "tool", "value": "{}"}]}],
-        "field 'conversations[1].from': 'tool' is no role the chat template takes", None),
+        [{"conversations": [{"from": "human", "value": "hi"}, {"from": "robot", "value": "{}"}]}],
+        "field 'conversations[1].from': 'robot' is no role the chat template takes", None),
+    "a tool turn answering no call": (
+        [{"conversations": [{"from": "human", "value": "hi"}, {"from": "observation", "value": "{}"}]}],
+        "field 'conversations[1].from': a tool turn answering no call", None),
+    "a tool call without a function name": (
+        [{"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": None, "tool_calls": [
+            {"id": "c1", "type": "function", "function": {"name": None, "arguments": "{}"}}]}]}],
+        "field 'messages[1].tool_calls[0].function.name': a tool call needs a function name", None),
+    "arguments neither a JSON string nor an object": (
+        [{"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": None, "tool_calls": [
+            {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "x = 1"}}]}]}],
+        "field 'messages[1].tool_calls[0].function.arguments': expected a JSON object or a string holding one, "
+        'got "x = 1"', None),
+    "a tool_call_id answering no call": (
+        [{"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": None, "tool_calls": [
+            {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}]},
+            {"role": "tool", "content": "1", "tool_call_id": "c2"}]}],
+        "field 'messages[2].tool_call_id': 'c2' answers no call (unanswered: c1)", None),
     "an empty conversation": ([{"messages": [{"role": "user", "content": "ok"}]}, {"messages": []}],
                               "field 'messages': empty conversation", None),
 }
@@ -205,7 +284,7 @@ def test_an_integer_id_is_its_string_in_data_prompts_as_in_data_sources_and_a_ba
     path = tmp_path / "p.jsonl"
     path.write_text('{"id": 7, "messages": [{"role": "user", "content": "seven?"}]}\n'
                     '{"id": "x", "messages": [{"role": "user", "content": "ex?"}]}\n')
-    assert [prompt_id for prompt_id, _, _ in read_prompts(path)] == ["7", "x"]
+    assert [p.id for p in read_prompts(path)] == ["7", "x"]
     prompts, _ = read_back(tmp_path, [{"path": str(path), "shape": "prompts"}])
     assert [p["id"] for p in prompts] == ["7", "x"]
     split_prompts(path, tmp_path / "parts", 4)

@@ -274,10 +274,10 @@ def test_the_acceptance_table_has_every_run_and_the_method_and_k_to_serve_with(t
                                             r["concurrency"]) == ("heldout", 0.0, 3, 1))
     rates, replayed = (" / ".join(f"{r:.3f}" for r in f["acceptance_rate_per_position"]) for f in (run, run["offline"]))
     assert (f"heldout 0 greedy 3 1 8 {rates} {run['mean_acceptance_length']:.2f} 1.000 / 1.000 / 1.000 "
-            f"0.88 / 0.75 / 0.62 {replayed} 0.200 / 0.200 / 0.200 {run['max_disagreement']:.3f} yes unchanged "
+            f"0.88 / 0.75 / 0.62 {rates} {replayed} 0.200 / 0.200 / 0.200 {run['max_disagreement']:.3f} yes unchanged "
             "400 600 1.50x") in page
     # sampled: z standard errors; a method's runs beside the other's, each under its own ceiling
-    assert "chat 1 greedy 1 4 8 0.375 1.38 0.600 0.62 0.500 0.175 0.125 yes — 1,600 640 0.40x" in page
+    assert "chat 1 greedy 1 4 8 0.375 1.38 0.600 0.62 0.375 0.500 0.175 0.125 yes — 1,600 640 0.40x" in page
     assert "chat 1 probabilistic 1 4 8 0.625 1.62 0.800 0.78 0.750 0.175 0.125 yes — 1,600 880 0.55x" in page
     assert "heldout 0 1 greedy, K = 3 1.50x" in page and "heldout 1 4 probabilistic, K = 3 1.15x" in page
     assert "chat 1 1 no drafter: does not pay (best: probabilistic, K = 3) 0.95x" in page
@@ -414,7 +414,8 @@ def test_the_captions_and_the_front_page_put_config_values_in_words(edit):
     front = pages["workflow.rst"]
     if edit == "as_is":
         assert "the prompts of resources/demo/prompts.jsonl in vLLM, in 4 parts" in front
-        assert "chat ( resources/demo/eval_chat.jsonl ), every prompt of each (48 tokens per prompt)" in front
+        assert ("chat ( resources/demo/eval_chat.jsonl ), tools ( resources/demo/eval_tools.jsonl ), every prompt of "
+                "each (48 tokens per prompt)") in front
         assert "(unset: greedy, and probabilistic above temperature 0)" in front
     else:
         assert "the prompts of the 2 datasets of data.sources , mixed ( read_prompts ) in vLLM" in front

@@ -54,18 +54,19 @@ def split_completion(ids, *, thinking, think_end, end_of_turn):
     return body[:cut], body[cut + 1:], True
 
 
-def response_record(answer_id, messages, prompt_ids, completion, finish_reason, tokenizer, *, temperature):
+def response_record(answer_id, messages, prompt_ids, completion, finish_reason, tokenizer, *, temperature, tools=None):
     """The canonical record (docs/CONTRACTS.md) of one completion, sampled at `temperature`: the
     ids verbatim, the text fields decoded from them, and, when the prompt opened a think block, the
     reasoning and whether the model closed it. A prompt that opens none (a target without a
     reasoning block, or thinking turned off) gets no reasoning fields: there is no block for them
-    to describe."""
+    to describe. The prompt's tools, where it declares any, go with its messages."""
     if finish_reason not in ("stop", "length"):
         raise RuntimeError(f"vLLM finished answer {answer_id!r} with {finish_reason!r}")
     thinking = tokenizer.thinking(prompt_ids)
     reasoning, content, closed = split_completion(completion, thinking=thinking, think_end=tokenizer.think_end,
                                                   end_of_turn=tokenizer.end_of_turn)
-    record = {"id": answer_id, "messages": messages, "reasoning_content": tokenizer.hf.decode(reasoning),
+    record = {"id": answer_id, "messages": messages, **({"tools": tools} if tools else {}),
+              "reasoning_content": tokenizer.hf.decode(reasoning),
               "content": tokenizer.hf.decode(content), "reasoning_closed": closed, "finish_reason": finish_reason,
               "temperature": float(temperature), "prompt_token_ids": prompt_ids, "completion_token_ids": completion}
     if not thinking:
@@ -103,17 +104,17 @@ def split_prompts(prompts_path, parts_dir, num_parts):
 
 
 def read_part_prompts(path):
-    """The prompts of one part, [(id, messages, where)]; an empty part has none."""
+    """The prompts of one part, [Prompt]; an empty part has none."""
     return read_prompts(path) if Path(path).read_text(encoding="utf-8").strip() else []
 
 
 def check_prompt_lengths(prompts, prompt_ids, max_model_len, source=None):
     """Refuse a prompt of vllm.max_model_len tokens or more, naming its line in `source` (the
     prompts file the part was split from) when given, else in the part."""
-    for (prompt_id, _, where), ids in zip(prompts, prompt_ids):
+    for (prompt_id, _, _, where), ids in zip(prompts, prompt_ids):
         if len(ids) >= max_model_len:
             if source is not None:
-                where = {p[0]: p[2] for p in read_prompts(source)}.get(prompt_id, where)
+                where = {p.id: p.where for p in read_prompts(source)}.get(prompt_id, where)
             raise InputError(f"{where}: field 'messages': the prompt {prompt_id!r} has {len(ids)} tokens, "
                              f"vllm.max_model_len is {max_model_len}")
 
@@ -157,17 +158,17 @@ class ResponseGenerator(EngineHolder):
         prompts = read_part_prompts(prompts_path)
         label = label or str(prompts_path)
         with self.tokenizer_turn:
-            prompt_ids = [self.tokenizer.prompt(messages) for _, messages, _ in prompts]
+            prompt_ids = [self.tokenizer.prompt(p.messages, p.tools, where=p.where) for p in prompts]
         check_prompt_lengths(prompts, prompt_ids, self.max_model_len, source)
-        requests = [(answer_id, temperature, messages, ids)
-                    for (prompt_id, messages, _), ids in zip(prompts, prompt_ids)
-                    for answer_id, temperature in answers(prompt_id, temperatures, samples_per_prompt)]
+        requests = [(answer_id, temperature, prompt, ids)
+                    for prompt, ids in zip(prompts, prompt_ids)
+                    for answer_id, temperature in answers(prompt.id, temperatures, samples_per_prompt)]
         records = self._answer(requests, max_tokens=max_tokens, seed=seed, label=label) if requests else []
         write_records(out_path, records)
         return len(records)
 
     def _answer(self, requests, *, max_tokens, seed, label):
-        """The records of `requests` [(answer id, temperature, messages, prompt ids)], generated
+        """The records of `requests` [(answer id, temperature, Prompt, prompt ids)], generated
         in one batch (greedy and sampled answers together)."""
         temperatures = [temperature for _, temperature, _, _ in requests]
         log.info("%s: generating %d answers (max_tokens %d, temperatures %s)", label, len(requests), max_tokens,
@@ -179,9 +180,9 @@ class ResponseGenerator(EngineHolder):
         log.info("%s: %d responses, %d tokens in %.1fs (%.0f tok/s, vLLM %s)", label, len(requests),
                  run["generated_tokens"], run["generate_s"], run["tokens_per_s"], run["vllm_version"])
         with self.tokenizer_turn:
-            return [response_record(answer_id, messages, ids, completion, finish, self.tokenizer,
-                                    temperature=temperature)
-                    for (answer_id, temperature, messages, ids), completion, finish
+            return [response_record(answer_id, prompt.messages, ids, completion, finish, self.tokenizer,
+                                    temperature=temperature, tools=prompt.tools)
+                    for (answer_id, temperature, prompt, ids), completion, finish
                     in zip(requests, run["token_ids"], run["finish_reasons"])]
 
 
@@ -243,7 +244,7 @@ def merge_responses(prompts_path, part_paths, out_path, *, temperatures, samples
     prompt's (a part older than the prompts)."""
     stop_services("generate")  # every part is done: the engine frees its GPUs for the next phase
     prompts = read_prompts(prompts_path)
-    wanted = {answer_id: (prompt_id, messages, where) for prompt_id, messages, where in prompts
+    wanted = {answer_id: (prompt_id, messages, tools, where) for prompt_id, messages, tools, where in prompts
               for answer_id, _ in answers(prompt_id, temperatures, samples_per_prompt)}
     found = {}  # answer id -> (part, byte offset, length, where): records are copied, not held
     for path in part_paths:
@@ -251,17 +252,18 @@ def merge_responses(prompts_path, part_paths, out_path, *, temperatures, samples
             answer_id = record.get("id") if isinstance(record, dict) else None
             if answer_id not in wanted:
                 raise InputError(f"{where}: field 'id': {answer_id!r} is no prompt of {prompts_path}")
-            prompt_id, messages, prompt_where = wanted[answer_id]
+            prompt_id, messages, tools, prompt_where = wanted[answer_id]
             if answer_id in found:
                 raise InputError(f"{where}: field 'id': a second record for {_answer_name(answer_id, prompt_id)} "
                                  f"(the first is at {found[answer_id][3]})")
-            if record.get("messages") != messages:
-                raise InputError(f"{where}: field 'messages': not the messages of prompt {prompt_id!r} at "
-                                 f"{prompt_where}: the part is older than the prompts")
+            for field, value in (("messages", messages), ("tools", tools)):
+                if record.get(field) != value:
+                    raise InputError(f"{where}: field '{field}': not the {field} of prompt {prompt_id!r} at "
+                                     f"{prompt_where}: the part is older than the prompts")
             found[answer_id] = (path, offset, len(line), where)
     missing = [answer_id for answer_id in wanted if answer_id not in found]
     if missing:
-        prompt_id, _, where = wanted[missing[0]]
+        prompt_id, _, _, where = wanted[missing[0]]
         part = part_paths[part_of(prompt_id, len(part_paths))]
         unit = "prompts" if len(wanted) == len(prompts) else "answers"
         raise InputError(f"{where}: {_answer_name(missing[0], prompt_id)} has no record in {part} ({len(missing)} of "

@@ -30,6 +30,7 @@ from math import floor
 from pathlib import Path
 
 from eaglenest.data.containers import read_records
+from eaglenest.data.prompts import prompt_line
 from eaglenest.data.shapes import canonical, conversation, detect_shape, prompts_of, record_id
 from eaglenest.workflow.atomic import atomic_path, write_json
 from eaglenest.workflow.errors import InputError
@@ -61,9 +62,9 @@ class _Reader:
             count += 1
             if shape == "auto":
                 shape = detect_shape(where, record)
-            messages = conversation(where, record, shape)
-            conversation_id = record_id(where, record, messages)
-            digest = hashlib.sha256(canonical(messages).encode()).digest()
+            messages, tools = conversation(where, record, shape)
+            conversation_id = record_id(where, record, messages, tools)
+            digest = hashlib.sha256(canonical(messages, tools).encode()).digest()
             if conversation_id in self.records_seen:
                 first_digest, first_where = self.records_seen[conversation_id]
                 if first_digest != digest:
@@ -81,7 +82,7 @@ class _Reader:
                     raise InputError(f"{where}: field 'id': its prompt id {prompt_id!r} is also the id of a prompt "
                                      f"at {self.prompt_ids[prompt_id]}")
                 self.prompt_ids[prompt_id] = where
-                line = json.dumps({"id": prompt_id, "messages": prompt}, ensure_ascii=False) + "\n"
+                line = json.dumps(prompt_line(prompt_id, prompt, tools), ensure_ascii=False) + "\n"
                 self.candidates.write(line.encode())
             kept.append((conversation_id, len(prompts)))
         if not count:

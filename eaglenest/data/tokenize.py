@@ -15,6 +15,12 @@ think_end null), whose records must carry no reasoning fields at all. Record tok
 present, are used verbatim. Text from users and from the model is encoded with special-token
 parsing OFF, so a literal "<think>" typed by a user stays plain text, whatever the tokenizer's
 encode defaults to (Tokenizer.text).
+
+Tool calls: a turn that calls tools is kept from the ids the target emitted (reasoning before and
+between calls, the section, <|im_end|> after it), never rebuilt from text. Where the target's
+tool-call tokens are named (tokenize.tool_call_tokens), the report counts the samples whose
+generated tokens hold a tool-call section and those with a call whose arguments are not valid
+JSON: reported, not fixed (the drafter learns what the target emits, broken JSON included).
 """
 
 import json
@@ -31,6 +37,26 @@ log = logging.getLogger(__name__)
 OVERLONG_POLICIES = ("truncate", "drop", "error")
 
 
+def tool_call_arguments(generated, tool_calls):
+    """The id runs of each call's arguments in `generated` (from argument_begin to call_end, or to
+    the end of a call cut short); `tool_calls`: Tokenizer.tool_calls."""
+    starts = [i + 1 for i, t in enumerate(generated) if t == tool_calls["argument_begin"]]
+    ends = [next((j for j in range(i, len(generated)) if generated[j] == tool_calls["call_end"]), len(generated))
+            for i in starts]
+    return [generated[i:j] for i, j in zip(starts, ends)]
+
+
+def invalid_arguments(generated, tokenizer):
+    """How many calls in `generated` have arguments that are not valid JSON."""
+    bad = 0
+    for run in tool_call_arguments(generated, tokenizer.tool_calls):
+        try:
+            json.loads(tokenizer.hf.decode(run))
+        except json.JSONDecodeError:
+            bad += 1
+    return bad
+
+
 def tokenize_record(record, tokenizer):
     """Record → (input_ids, loss_mask)."""
     tokenizer.check_no_reasoning(record)
@@ -41,7 +67,7 @@ def tokenize_record(record, tokenizer):
         if bad:
             raise InputError(f"{record.where}: field 'prompt_token_ids'/'completion_token_ids': id {bad[0]} outside the vocabulary ({vocab})")
     else:
-        prompt = tokenizer.prompt(record.messages)
+        prompt = tokenizer.prompt(record.messages, record.tools, where=record.where)
         generated = tokenizer.generated(record, thinking=tokenizer.thinking(prompt))
     return prompt + generated, [0] * len(prompt) + [1] * len(generated)
 
@@ -59,9 +85,11 @@ def tokenize_file(
     think_start,
     think_end,
     end_of_turn,
+    tool_call_tokens=None,
 ):
     """raw_responses.jsonl → tokenized_data.jsonl + tokenize_report.json, both atomic.
-    trust_remote_code: run the tokenizer's own code (config target.trust_remote_code)."""
+    trust_remote_code: run the tokenizer's own code (config target.trust_remote_code);
+    tool_call_tokens: the target's (config tokenize.tool_call_tokens; None: not counted)."""
     if overlong not in OVERLONG_POLICIES:
         raise ValueError(f"overlong must be one of {OVERLONG_POLICIES}, got {overlong!r}")
     records = read_records(raw_path)
@@ -72,11 +100,16 @@ def tokenize_file(
         think_end=think_end,
         end_of_turn=end_of_turn,
         chat_template_kwargs=chat_template_kwargs,
+        tool_call_tokens=tool_call_tokens,
     )
     rejected, stats = Counter(), Counter()
     with atomic_path(out_path) as tmp, open(tmp, "w", encoding="utf-8") as out:
         for i, record in enumerate(records, 1):
             input_ids, loss_mask = tokenize_record(record, tokenizer)
+            if tokenizer.tool_calls:  # counted on what the target emitted, before any truncation
+                generated = [t for t, m in zip(input_ids, loss_mask) if m]
+                stats["tool_call_turns"] += tokenizer.tool_calls["section_begin"] in generated
+                stats["tool_call_arguments_not_json"] += invalid_arguments(generated, tokenizer) > 0
             if len(input_ids) > max_seq_len:
                 if overlong == "error":
                     raise InputError(
@@ -105,6 +138,9 @@ def tokenize_file(
         "truncated": stats["truncated"],
         "rejected": dict(rejected),
     }
+    if tokenizer.tool_calls:
+        report["tool_call_turns"] = stats["tool_call_turns"]  # samples whose generated tokens call a tool
+        report["tool_call_arguments_not_json"] = stats["tool_call_arguments_not_json"]  # samples, not calls
     write_json(report_path, report)
     log.info("tokenize: %s", report)
     return report

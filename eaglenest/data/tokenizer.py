@@ -16,6 +16,10 @@ from eaglenest.workflow.errors import InputError
 _SLOT = re.compile("\ue000(\\d+)\ue001")
 # Text with no special token in it, on which the plain-text route must agree with the tokenizer.
 _ORDINARY = "Plain text: 12 + 30 = 42, isn't it?"
+# The tokens of a target's tool-call section (config tokenize.tool_call_tokens; Kimi's:
+# eaglenest.demo.kimi_tokenizer.TOOL_CALL_TOKENS): the section runs from section_begin to
+# section_end, each call's arguments from argument_begin to call_end.
+TOOL_CALL_TOKENS = ("section_begin", "call_begin", "argument_begin", "call_end", "section_end")
 
 
 def load_tokenizer(target_dir, *, trust_remote_code):
@@ -38,6 +42,15 @@ def special_token_id(hf, token):
     if token_id is None or hf.convert_ids_to_tokens(token_id) != token:
         raise InputError(f"tokenizer {type(hf).__name__}: {token!r} is not one token of its vocabulary")
     return token_id
+
+
+def tool_call_span(target_dir, *, trust_remote_code, tool_call_tokens):
+    """The ids (section begin, section end) of the target's tool-call section, by the config's
+    tokenize.tool_call_tokens; None where it names none."""
+    if not tool_call_tokens:
+        return None
+    hf = load_tokenizer(target_dir, trust_remote_code=trust_remote_code)
+    return tuple(special_token_id(hf, tool_call_tokens[name]) for name in ("section_begin", "section_end"))
 
 
 def plain_text_route(hf):
@@ -68,15 +81,23 @@ class Tokenizer:
 
     think_start and think_end are both None for a target without a reasoning block (Llama,
     Qwen2.5, SmolLM2...; the config allows both or neither, workflow.config.check_think_tokens): no
-    prompt then opens a think block, and no record may carry reasoning."""
+    prompt then opens a think block, and no record may carry reasoning. tool_call_tokens: the
+    target's tool-call tokens by their TOOL_CALL_TOKENS names (None: the target has none named),
+    whose ids `tool_calls` holds."""
 
-    def __init__(self, target_dir, *, trust_remote_code, think_start, think_end, end_of_turn, chat_template_kwargs):
+    def __init__(self, target_dir, *, trust_remote_code, think_start, think_end, end_of_turn, chat_template_kwargs,
+                 tool_call_tokens=None):
         self.hf = load_tokenizer(target_dir, trust_remote_code=trust_remote_code)
         self.template_kwargs = dict(chat_template_kwargs)
-        stream = {token: special_token_id(self.hf, token) for token in (think_start, think_end, end_of_turn)
-                  if token is not None}
+        tool_call_tokens = dict(tool_call_tokens or {})
+        if tool_call_tokens and set(tool_call_tokens) != set(TOOL_CALL_TOKENS):
+            raise InputError(f"config: tokenize.tool_call_tokens: expected the keys {', '.join(TOOL_CALL_TOKENS)}, got "
+                             f"{', '.join(tool_call_tokens)}")
+        stream = {token: special_token_id(self.hf, token) for token in
+                  (think_start, think_end, end_of_turn, *tool_call_tokens.values()) if token is not None}
         self.end_of_turn = stream[end_of_turn]
         self.think_start, self.think_end = (stream[think_start], stream[think_end]) if think_start else (None, None)
+        self.tool_calls = {name: stream[token] for name, token in tool_call_tokens.items()}
         self.route, self._plain = plain_text_route(self.hf)
         self._check_routes(stream)
 
@@ -130,12 +151,33 @@ class Tokenizer:
             raise InputError(f"{record.where}: field '{field}': the record carries reasoning, but the target has no "
                              "reasoning block (tokenize.think_start and think_end are null)")
 
-    def prompt(self, messages):
-        """Render the prompt with the generation prompt; message contents are encoded as plain text."""
+    def _render(self, messages, tools, where):
+        """The chat template's text of `messages` (and `tools`) with the generation prompt; a
+        template that fails on them is one InputError naming `where`."""
+        from jinja2 import TemplateError
+
+        try:
+            return self.hf.apply_chat_template(messages, tools=tools, tokenize=False, add_generation_prompt=True,
+                                               **self.template_kwargs)
+        except TemplateError as e:
+            raise InputError(f"{where}: field 'messages': the target's chat template cannot render this prompt: "
+                             f"{str(e).splitlines()[0] if str(e) else type(e).__name__}") from None
+
+    def prompt(self, messages, tools=None, *, where="prompt"):
+        """Render the prompt with the generation prompt, with its tool declarations where it has
+        any; message contents (tool results among them) are encoded as plain text, tool
+        declarations and calls as the template writes them. A template that leaves the tools or
+        the tool calls out (renders the same without them) cannot take the prompt: one InputError
+        naming `where`, the prompt's file and line."""
         slotted = [{**m, "content": f"\ue000{i}\ue001"} for i, m in enumerate(messages)]
-        rendered = self.hf.apply_chat_template(
-            slotted, tokenize=False, add_generation_prompt=True, **self.template_kwargs
-        )
+        rendered = self._render(slotted, tools, where)
+        if tools and rendered == self._render(slotted, None, where):
+            raise InputError(f"{where}: field 'tools': the target's chat template does not render tools (it renders "
+                             "the prompt the same without them)")
+        if any(m.get("tool_calls") for m in messages) and rendered == self._render(
+                [{k: v for k, v in m.items() if k != "tool_calls"} for m in slotted], tools, where):
+            raise InputError(f"{where}: field 'messages': the target's chat template does not render tool calls "
+                             "(it renders the prompt the same without them)")
         parts = _SLOT.split(rendered)
         ids = self.template(parts[0])
         for slot, template_text in zip(parts[1::2], parts[2::2]):
@@ -146,7 +188,15 @@ class Tokenizer:
         """The tokens the model emitted for a record without token ids, rebuilt from its text.
 
         A think block counts as closed when the record says so (reasoning_closed) or, when it does
-        not, when there is content: a </think> the model may not have emitted is never added."""
+        not, when there is content: a </think> the model may not have emitted is never added. A
+        tool call is not rebuilt from text: content holding the text of the tool-call section's
+        first token is refused (the record must keep its token ids)."""
+        if self.tool_calls:
+            begin = self.hf.convert_ids_to_tokens(self.tool_calls["section_begin"])
+            if begin in record.content or begin in record.reasoning_content:
+                raise InputError(f"{record.where}: field 'content': a tool call ({begin}) in text: a turn with tool "
+                                 "calls is kept only from the token ids the target emitted (prompt_token_ids and "
+                                 "completion_token_ids)")
         end = [self.end_of_turn] if record.finish_reason == "stop" else []
         if not thinking:
             if record.reasoning_content or record.reasoning_closed:

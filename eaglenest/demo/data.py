@@ -5,12 +5,17 @@ reasoning style and answer is therefore drawn from several phrasings, while the 
 exact, so the model can be confident on tokens that follow from earlier ones (the digits of a
 result it already wrote in its reasoning) and unsure on others (which phrasing comes next).
 
-    python -m eaglenest.demo.data    # rewrites resources/demo/{corpus,prompts,raw_responses,eval_chat}.jsonl
+    python -m eaglenest.demo.data    # rewrites resources/demo/{corpus,prompts,raw_responses,eval_chat,eval_tools}.jsonl
 
 corpus.jsonl pre-trains the demo target; prompts.jsonl is what the demo asks it (its answers,
 generated in vLLM, are the drafter's data); raw_responses.jsonl is a hand-written set of
 responses covering every edge case of the record format (tests and docs/TOKENIZATION.md, "Input records");
-eval_chat.jsonl is the demo's own evaluation suite, unlike the training prompts.
+eval_chat.jsonl is the demo's own evaluation suite, unlike the training prompts; eval_tools.jsonl
+its suite of tool-using prompts.
+
+Some chats declare a calculator tool: the model then calls it (reasoning, then a tool-call
+section and <|im_end|>), or, given the tool's result in a tool turn, answers from it. So the
+target's answers to such prompts are tool calls, and the drafter learns them.
 """
 
 import argparse
@@ -25,8 +30,8 @@ DEMO_DIR = CHECKOUT / "resources" / "demo"
 
 # Plain conversations mix in the benign variations, so the target has seen system prompts,
 # earlier turns, empty reasoning and unicode; the rest only ever appear as edge cases.
-PLAIN_KINDS = ["normal"] * 14 + ["system", "system", "multi_turn", "multi_turn", "empty_reasoning", "unicode"]
-PROMPT_KINDS = ["normal"] * 12 + ["system", "system", "multi_turn", "multi_turn", "unicode", "special_text"]
+PLAIN_KINDS = ["normal"] * 14 + ["system", "system", "multi_turn", "multi_turn", "empty_reasoning", "unicode"] + ["tool"] * 3
+PROMPT_KINDS = ["normal"] * 12 + ["system", "system", "multi_turn", "multi_turn", "unicode", "special_text"] + ["tool"] * 3
 EDGE_KINDS = ["normal", "system", "multi_turn", "empty_reasoning", "cut_reasoning", "cut_content",
               "unicode", "special_text"]
 
@@ -51,6 +56,13 @@ OPENERS = ["", "", "Let me work this out. ", "Okay. ", "Step by step. "]
 ANSWERS = ["The answer is {r}.", "{e} = {r}.", "{e} = **{r}**", "{r}", "It is {r}."]
 UNICODE_ANSWERS = ["Voilà : {e} = {r} 🙂", "{e} = {r} ✅", "Résultat : {r}."]
 CLOSINGS = ["Let me know if you need another one.", "Hope this helps!", "Happy to check more sums."]
+# The tool the tool-using chats declare, in the OpenAI form, and what the model thinks around it.
+CALCULATOR = {"type": "function", "function": {
+    "name": "calculator", "description": "Evaluate an arithmetic expression exactly.",
+    "parameters": {"type": "object", "properties": {"expression": {"type": "string"}}, "required": ["expression"]}}}
+CALL_REASONINGS = ["I will use the calculator for {e}.", "Let me ask the calculator: {e}.",
+                   "The calculator can work out {e}.", "Calculator: {e}."]
+RESULT_REASONINGS = ["The calculator returned {r}.", "The tool says {e} = {r}.", "So {e} is {r}.", "{r}."]
 
 
 def _symbols(rng, unicode):
@@ -174,8 +186,32 @@ def _problem(rng, unicode=False):
     return question, rng.choice(OPENERS) + steps, answer
 
 
+def _calculator_call(expression):
+    """The model's call of the calculator (Kimi's id form: functions.NAME:IDX)."""
+    return {"id": "functions.calculator:0", "type": "function",
+            "function": {"name": "calculator", "arguments": json.dumps({"expression": expression}, ensure_ascii=False)}}
+
+
+def _tool_record(rng, messages, e, r):
+    """A calculator chat at one of its two steps, as a record: the call the model makes for the
+    question in `messages` (content empty, "tool_calls" the call), or, after the call and the
+    tool's result, its answer."""
+    call = _calculator_call(e)
+    if rng.random() < 0.5:
+        return {"tools": [CALCULATOR], "messages": messages, "reasoning_content": rng.choice(CALL_REASONINGS).format(e=e),
+                "content": "", "tool_calls": [call], "finish_reason": "stop"}
+    messages = messages + [{"role": "assistant", "content": "", "tool_calls": [call]},
+                           {"role": "tool", "content": str(r), "tool_call_id": call["id"]}]
+    return {"tools": [CALCULATOR], "messages": messages,
+            "reasoning_content": rng.choice(RESULT_REASONINGS).format(e=e, r=r),
+            "content": rng.choice(ANSWERS).format(e=e, r=r), "finish_reason": "stop"}
+
+
 def _record(rng, kind):
     """One conversation of the given kind, without its id."""
+    if kind == "tool":
+        e, _, r = rng.choice([_add, _sub, _mul, _div])(rng, _symbols(rng, False))
+        return _tool_record(rng, [{"role": "user", "content": rng.choice(QUESTIONS).format(e=e)}], e, r)
     question, reasoning, content = _problem(rng, unicode=kind == "unicode")
     messages = []
     if kind == "system" or (kind == "multi_turn" and rng.random() < 0.3):
@@ -217,11 +253,15 @@ def generate_records(seed, n, edge_cases):
     return records
 
 
+def _prompt(prompt_id, record):
+    """A record's prompt: {"id", "messages"}, and its "tools" where it declares any."""
+    return {"id": prompt_id, "messages": record["messages"], **({"tools": record["tools"]} if "tools" in record else {})}
+
+
 def generate_prompts(seed, n):
-    """`n` prompts {"id", "messages"} (ids prompt-00001...), identical for the same seed."""
+    """`n` prompts {"id", "messages", "tools"?} (ids prompt-00001...), identical for the same seed."""
     rng = random.Random(seed)
-    return [{"id": f"prompt-{i + 1:05d}", "messages": _record(rng, rng.choice(PROMPT_KINDS))["messages"]}
-            for i in range(n)]
+    return [_prompt(f"prompt-{i + 1:05d}", _record(rng, rng.choice(PROMPT_KINDS))) for i in range(n)]
 
 
 # The demo's own evaluation suite (eval.suites chat): what users ask unlike the training prompts:
@@ -264,6 +304,21 @@ def generate_chat_suite(seed, n):
     return prompts
 
 
+def generate_tool_suite(seed, n):
+    """`n` evaluation prompts with the calculator declared (ids tools-001...): a word problem or a
+    differently phrased sum, half asking for the call, half after the tool's result."""
+    rng = random.Random(seed)
+    prompts = []
+    for i in range(n):
+        if rng.random() < 0.5:
+            question, e, r = _word_problem(rng)
+        else:
+            e, _, r = rng.choice([_add, _sub, _mul, _div])(rng, _symbols(rng, False))
+            question = rng.choice(CHAT_QUESTIONS).format(e=e)
+        prompts.append(_prompt(f"tools-{i + 1:03d}", _tool_record(rng, [{"role": "user", "content": question}], e, r)))
+    return prompts
+
+
 def write_jsonl(path, records):
     """One JSON object per line, unicode kept readable, written atomically."""
     with atomic_path(path) as tmp:
@@ -280,6 +335,7 @@ def main():
     write_jsonl(args.out_dir / "prompts.jsonl", generate_prompts(seed=3, n=2000))
     write_jsonl(args.out_dir / "raw_responses.jsonl", generate_records(seed=2, n=300, edge_cases=True))
     write_jsonl(args.out_dir / "eval_chat.jsonl", generate_chat_suite(seed=4, n=48))
+    write_jsonl(args.out_dir / "eval_tools.jsonl", generate_tool_suite(seed=5, n=24))
 
 
 if __name__ == "__main__":

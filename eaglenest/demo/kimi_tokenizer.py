@@ -28,10 +28,17 @@ PATTERN = r"""'(?i:[sdmt]|ll|ve|re)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p
 
 RESERVED = 256  # special ids after the base vocabulary
 # Offsets after the base vocabulary, as in Kimi-K2.5 (base 163,584: <|im_end|> is 163,586).
+# Kimi's tool-call tokens sit at 11 to 15 (163,595 to 163,599).
 NAMED = {0: "[BOS]", 1: "[EOS]", 2: "<|im_end|>", 3: "<|im_user|>", 4: "<|im_assistant|>", 10: "<|im_system|>",
+         11: "<|tool_calls_section_begin|>", 12: "<|tool_calls_section_end|>", 13: "<|tool_call_begin|>",
+         14: "<|tool_call_argument_begin|>", 15: "<|tool_call_end|>",
          17: "<|im_middle|>", 21: "<|media_pad|>", 22: "<think>", 23: "</think>", 254: "[UNK]", 255: "[PAD]"}
 MEDIA_PAD = 21  # the offset of <|media_pad|>, which Kimi's config.json names media_placeholder_token_id
 IM_TOKENS = ["<|im_end|>", "<|im_user|>", "<|im_assistant|>", "<|im_system|>", "<|im_middle|>", "<think>", "</think>"]
+# Kimi's tool-call tokens, as tokenize.tool_call_tokens names them (eaglenest.data.tokenizer.TOOL_CALL_TOKENS)
+TOOL_CALL_TOKENS = {"section_begin": "<|tool_calls_section_begin|>", "call_begin": "<|tool_call_begin|>",
+                    "argument_begin": "<|tool_call_argument_begin|>", "call_end": "<|tool_call_end|>",
+                    "section_end": "<|tool_calls_section_end|>"}
 
 TOKENIZATION_KIMI = r'''"""A Kimi-style tiktoken tokenizer (written by eaglenest.demo.kimi_tokenizer).
 
@@ -157,7 +164,7 @@ def write_kimi_tokenizer(out_dir, texts, *, merges, model_max_length=4096):
         "tokenizer_class": "TikTokenTokenizer",
         "auto_map": {"AutoTokenizer": ["tokenization_kimi.TikTokenTokenizer", None]},
         "added_tokens_decoder": added,
-        "additional_special_tokens": IM_TOKENS,
+        "additional_special_tokens": IM_TOKENS + list(TOOL_CALL_TOKENS.values()),
         "bos_token": "[BOS]", "eos_token": "[EOS]", "unk_token": "[UNK]", "pad_token": "[PAD]",
         "chat_template": CHAT_TEMPLATE,
         "clean_up_tokenization_spaces": False,

@@ -26,17 +26,34 @@ from eaglenest.workflow.jsonl import read_objects
 log = logging.getLogger(__name__)
 
 SPECIAL_TOKENS = ["<|im_end|>", "<|im_user|>", "<|im_assistant|>", "<|im_system|>", "<|im_middle|>",
-                  "<think>", "</think>", "<|pad|>"]
+                  "<think>", "</think>", "<|tool_calls_section_begin|>", "<|tool_call_begin|>",
+                  "<|tool_call_argument_begin|>", "<|tool_call_end|>", "<|tool_calls_section_end|>", "<|pad|>"]
 
 # docs/CONTRACTS.md, "Demo chat template". Earlier assistant turns lose their reasoning, as in
 # Kimi's own template; `thinking` (default true) decides whether the generation prompt leaves
-# the <think> block open.
+# the <think> block open. Tools as Kimi's template has them: the declarations in a `tool_declare`
+# system turn, compact JSON; an assistant turn's calls in a section after its content, each
+# `<|tool_call_begin|>ID<|tool_call_argument_begin|>ARGUMENTS<|tool_call_end|>` (arguments as
+# given when a string, else as JSON); a tool's result in a `tool` system turn headed by the id
+# of the call it answers.
 CHAT_TEMPLATE = (
+    "{%- if tools -%}"
+    "<|im_system|>tool_declare<|im_middle|>{{ tools | tojson(separators=(',', ':')) }}<|im_end|>"
+    "{%- endif -%}"
     "{%- for message in messages -%}"
     "{%- if message.role == 'system' -%}<|im_system|>system<|im_middle|>{{ message.content }}<|im_end|>"
     "{%- elif message.role == 'user' -%}<|im_user|>user<|im_middle|>{{ message.content }}<|im_end|>"
     "{%- elif message.role == 'assistant' -%}"
-    "<|im_assistant|>assistant<|im_middle|><think></think>{{ message.content }}<|im_end|>"
+    "<|im_assistant|>assistant<|im_middle|><think></think>{{ message.content }}"
+    "{%- if message.tool_calls -%}<|tool_calls_section_begin|>"
+    "{%- for call in message.tool_calls -%}"
+    "<|tool_call_begin|>{{ call.id }}<|tool_call_argument_begin|>"
+    "{%- if call.function.arguments is string -%}{{ call.function.arguments }}"
+    "{%- else -%}{{ call.function.arguments | tojson }}{%- endif -%}<|tool_call_end|>"
+    "{%- endfor -%}<|tool_calls_section_end|>"
+    "{%- endif -%}<|im_end|>"
+    "{%- elif message.role == 'tool' -%}"
+    "<|im_system|>tool<|im_middle|>## Return of {{ message.tool_call_id }}\n{{ message.content }}<|im_end|>"
     "{%- else -%}{{ raise_exception('unknown role: ' ~ message.role) }}"
     "{%- endif -%}"
     "{%- endfor -%}"
@@ -46,15 +63,26 @@ CHAT_TEMPLATE = (
 )
 
 
+def tool_call_text(calls):
+    """An assistant turn's tool calls as the template renders them and the model emits them."""
+    return ("<|tool_calls_section_begin|>" + "".join(
+        f"<|tool_call_begin|>{c['id']}<|tool_call_argument_begin|>{c['function']['arguments']}<|tool_call_end|>"
+        for c in calls) + "<|tool_calls_section_end|>")
+
+
 def _train_tokenizer(records, vocab_size, model_max_length):
     """Byte-level BPE (any unicode round-trips) on the texts of the chats, special tokens appended."""
     def texts():
-        # What the template adds around them is special tokens and the role names.
+        # What the template adds around them is special tokens, the role names and the tools' JSON.
         for rec in records:
+            if rec.get("tools"):
+                yield json.dumps(rec["tools"], separators=(",", ":"))
             for m in rec["messages"]:
                 yield m["role"]
                 yield m["content"]
+                yield from (f"{c['id']} {c['function']['arguments']}" for c in m.get("tool_calls", []))
             yield from ("assistant", rec["reasoning_content"], rec["content"])
+            yield from (f"{c['id']} {c['function']['arguments']}" for c in rec.get("tool_calls", []))
 
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
@@ -71,12 +99,14 @@ def _train_tokenizer(records, vocab_size, model_max_length):
 
 
 def _render(tokenizer, record):
-    """The text exactly as the model sees it when it generates this answer in thinking mode."""
+    """The text exactly as the model sees it when it generates this answer in thinking mode (an
+    answer that calls tools, its "tool_calls", ends with their section)."""
     if record["finish_reason"] != "stop":
         raise ValueError(f"{record['id']}: the corpus must hold finished conversations only")
-    prompt = tokenizer.apply_chat_template(record["messages"], tokenize=False, add_generation_prompt=True,
-                                           thinking=True)
-    return prompt + record["reasoning_content"] + "</think>" + record["content"] + "<|im_end|>"
+    prompt = tokenizer.apply_chat_template(record["messages"], tools=record.get("tools"), tokenize=False,
+                                           add_generation_prompt=True, thinking=True)
+    calls = tool_call_text(record["tool_calls"]) if record.get("tool_calls") else ""
+    return prompt + record["reasoning_content"] + "</think>" + record["content"] + calls + "<|im_end|>"
 
 
 def _pack(tokenizer, records, seq_len):

@@ -150,9 +150,30 @@ def common_served(first_difference, K):
     return max(first_difference - K + 1, 0)
 
 
-def served_anchors(anchors, lengths):
-    """Accepted lengths at served_positions."""
-    return [lengths[t] for t in served_positions(anchors, lengths)]
+def served_anchors(anchors, lengths, keep=None):
+    """Accepted lengths at served_positions; keep: a list over the positions, True at the drafts
+    to count (None: all; e.g. those drafting into a tool-call span, drafts_in_span)."""
+    return [lengths[t] for t in served_positions(anchors, lengths) if keep is None or keep[t]]
+
+
+def span_mask(ids, begin, end):
+    """ids [..., T] -> [..., T] bool: the tokens of every span from a `begin` token through the
+    next `end` token, both in (a tool-call section: <|tool_calls_section_begin|> to
+    <|tool_calls_section_end|>); a span still open at the end of the text runs to it, an `end`
+    with no `begin` before it opens none."""
+    positions = torch.arange(ids.shape[-1], device=ids.device).expand_as(ids)
+    last_begin = torch.where(ids == begin, positions, -1).cummax(-1).values
+    last_end = torch.where(ids == end, positions, -1).cummax(-1).values
+    last_end_before = torch.cat([torch.full_like(last_end[..., :1], -1), last_end[..., :-1]], -1)
+    return last_begin > last_end_before
+
+
+def drafts_in_span(ids, begin, end):
+    """ids [..., T] -> [..., T] bool: the anchors t whose draft starts inside a span (span_mask):
+    its first drafted token, x_{t+2}, is in one. A draft is the span's or the rest's by where it
+    starts, so the two split vLLM's drafts (and their counts) between them."""
+    inside = span_mask(ids, begin, end)
+    return torch.cat([inside[..., 2:], torch.zeros_like(inside[..., :2])], -1)
 
 
 def acceptance_fields(num_drafts, num_draft_tokens, num_accepted_tokens, per_position):

@@ -21,6 +21,11 @@ expected.CEILINGS) and the run's share of it. Greedy's is an oracle drafting the
 oracle drafting from p_T restricted to the draft vocab: above greedy's wherever p_T is spread, as
 p_T's mass on the draft vocab bounds sum min(p_T, q). A share near 1 says the drafter has learned
 what its method can use, a low one that it has not.
+
+Where the target's tool-call tokens are named (config tokenize.tool_call_tokens), each run's
+offline estimate also holds its split between the drafts that start in a tool-call section and
+the others (offline_estimates, acceptance.drafts_in_span): at temperature 0 the replay of greedy
+text is exact, so that split is vLLM's own, and its whole agrees with vLLM's counters.
 """
 
 import dataclasses
@@ -34,7 +39,8 @@ import torch
 from eaglenest.data.vocab import load_vocab
 from eaglenest.drafter.load import drafter_from_state, load_drafter
 from eaglenest.drafter.model import DrafterConfig
-from eaglenest.evaluate.acceptance import acceptance_fields, common_served, share_of_ceiling
+from eaglenest.data.tokenizer import tool_call_span
+from eaglenest.evaluate.acceptance import acceptance_fields, common_served, drafts_in_span, share_of_ceiling
 from eaglenest.evaluate.agreement_states import AgreementStates, layer_misreadings, text_key
 from eaglenest.evaluate.expected import (CEILING_DESCRIPTIONS, CEILINGS, ceiling_outcomes, chain_outcomes, estimate,
                                          family_z, ratio_standard_error, sample_counts, sample_seed)
@@ -51,6 +57,8 @@ from eaglenest.workflow.progress import ProgressLines
 from eaglenest.workflow.tracking import log_acceptance, open_trackers
 
 log = logging.getLogger(__name__)
+
+SPANS = ("tool_call_spans", "outside_tool_call_spans")  # how offline_estimates splits its drafts
 
 
 def online_acceptance(counters):
@@ -73,16 +81,20 @@ def trained_drafter(drafter_dir, trained_config, d2t, t2d, embed_tokens):
 
 @torch.no_grad()
 def offline_estimates(states, indices, variants, Ks, *, temperature, max_tokens, head, device, method="greedy",
-                      ceiling=False, served_caps=None):
+                      ceiling=False, span=None, served_caps=None):
     """The offline estimate (eaglenest.evaluate.expected.estimate) at each K of `Ks` of each
     (drafter, aux layer ids) of `variants` drafting by `method` (vLLM's draft_sample_method), on
     the samples `indices` of `states` (an AgreementStates: the baseline's text at `temperature`, of
     which the served runs generated at most `max_tokens` tokens), in one pass over them -> [{K:
     estimate}] per variant. `ceiling`: then also, last, the oracle that bounds `method` on this
-    text (expected.ceiling_outcomes), from the same read of each sample. `served_caps`: {sample
+    text (expected.ceiling_outcomes), from the same read of each sample. `span`: the ids (begin,
+    end) of the target's tool-call section: each estimate then also holds "tool_call_spans" and
+    "outside_tool_call_spans", the same estimate over the drafts that start inside a section and
+    over the others (acceptance.drafts_in_span), which split its drafts. `served_caps`: {sample
     index: served tokens at most} (acceptance.common_served: where a run's text left this one)."""
     columns = [states.columns(layer_ids) for _, layer_ids in variants]
     counts = [{K: [] for K in Ks} for _ in range(len(variants) + ceiling)]
+    parts = [[{K: [] for K in Ks} for _ in counts] for _ in range(2 if span else 0)]  # in spans, outside
     ticker = ProgressLines(f"agreement check, T={temperature:g}, {method}", len(indices), "samples", logger=log)
     for i in indices:
         stored = states[i]
@@ -98,11 +110,19 @@ def offline_estimates(states, indices, variants, Ks, *, temperature, max_tokens,
             targets = variants[0][0].draft_to_target(torch.arange(len(variants[0][0].d2t), device=device))
             outcomes.append(ceiling_outcomes(text, served, max(Ks), head=head, temperature=temperature, method=method,
                                              targets=targets, seed=seed))
-        for (anchors, matched, probs), per_k in zip(outcomes, counts):
+        inside = drafts_in_span(sample["input_ids"], *span) if span else None
+        for v, (anchors, matched, probs) in enumerate(outcomes):
             for K in Ks:
-                per_k[K].append(sample_counts(anchors, matched, probs, K))
+                counts[v][K].append(sample_counts(anchors, matched, probs, K))
+                for part, keep in zip(parts, (inside, ~inside) if span else ()):
+                    part[v][K].append(sample_counts(anchors, matched, probs, K, keep))
         ticker.advance()
-    return [{K: estimate(per_k[K], K) for K in Ks} for per_k in counts]
+    estimates = [{K: estimate(per_k[K], K) for K in Ks} for per_k in counts]
+    for name, part in zip(SPANS, parts):
+        for v, per_k in enumerate(part):
+            for K in Ks:
+                estimates[v][K][name] = estimate(per_k[K], K)
+    return estimates
 
 
 def misreadings(drafter, aux_layer_ids, num_layers):
@@ -235,7 +255,7 @@ def speculative_run(spec, run, plain, offline, ceiling, tolerance_per_position):
             "vllm_same_text": same_text, "offline": offline, **compare(same_text, offline, tolerance_per_position)}
 
 
-def estimates_by_run(states, texts, speculative, drafter, aux_layer_ids, Ks, *, max_tokens, head, device):
+def estimates_by_run(states, texts, speculative, drafter, aux_layer_ids, Ks, *, max_tokens, head, device, span=None):
     """offline_estimates() and the ceilings for every run of the engines' files `speculative`, by
     (suite, temperature, prompts, method): a run of n prompts ran its suite's first n, so each
     (text, size, method) is estimated once, at every K."""
@@ -247,23 +267,22 @@ def estimates_by_run(states, texts, speculative, drafter, aux_layer_ids, Ks, *, 
             for n in sorted(sizes):
                 offline[suite, t, n, method], ceiling[suite, t, n, method] = offline_estimates(
                     states, indices[:n], [(drafter, aux_layer_ids)], Ks, temperature=t, max_tokens=max_tokens,
-                    head=head, device=device, method=method, ceiling=True)
+                    head=head, device=device, method=method, ceiling=True, span=span)
     return offline, ceiling
 
 
 def evaluate_vllm(baseline_path, outputs_path, speculative_paths, states_dir, target_dir, drafter_dir,
                   trained_config_path, manifest_path, d2t_path, t2d_path, metrics_path, *, agreement_tolerance,
-                  agreement_standard_errors, device=None, tracking=None):
+                  agreement_standard_errors, device=None, tracking=None, trust_remote_code=False, tool_call_tokens=None):
     """The evaluate_vllm stage: vllm_metrics.json (docs/CONTRACTS.md) from the baseline's runs and
     continuations, each (draft method, K) engine's runs (`speculative_paths`) and the target's
     states of the reference texts (`states_dir`, rule agreement_states), with the drafter built as
-    trained on `device`. Fails where speculation changed greedy text beyond a near-tie
-    (eaglenest.evaluate.greedy_identity), and, naming the misreadings that reproduce vLLM's
-    numbers, when any run's acceptance is off its method's offline estimate by its tolerance. Each run also
-    gets its method's ceiling on its text (offline_estimates' oracle) and its share of it. Of the
-    target only the embedding, final norm and lm_head are read. `tracking`: the config's tracking
-    section (None: none), whose trackers get each run's acceptance per position, as run
-    evaluate_vllm (TensorBoard: tensorboard/evaluate_vllm beside metrics_path)."""
+    trained on `device`. Fails where speculation changed greedy text beyond a near-tie (eaglenest.evaluate.
+    greedy_identity), and, naming the misreadings that reproduce vLLM's numbers, when any run's acceptance is
+    off its method's offline estimate by its tolerance. Each run also gets its method's ceiling on its text
+    (offline_estimates' oracle) and its share of it. Of the target only the embedding, final norm and lm_head
+    are read. `tracking`: the config's tracking section (None: none), whose trackers get each run's acceptance
+    per position, as run evaluate_vllm (TensorBoard: tensorboard/evaluate_vllm); tool_call_tokens: see above."""
     device = torch_device(device)
     baseline = json.loads(Path(baseline_path).read_text())
     speculative = sorted((json.loads(Path(p).read_text()) for p in speculative_paths),
@@ -285,8 +304,9 @@ def evaluate_vllm(baseline_path, outputs_path, speculative_paths, states_dir, ta
              states_dir, states.info["backend"], states.info["dtype"], states.info["layer_ids"])
     judge_divergences(speculative, states, head, outputs_path)  # fails on a fault
     max_tokens = baseline["max_tokens"]
+    span = tool_call_span(target_dir, trust_remote_code=trust_remote_code, tool_call_tokens=tool_call_tokens)
     offline, ceiling = estimates_by_run(states, texts, speculative, drafter, aux_layer_ids, Ks, max_tokens=max_tokens,
-                                        head=head, device=device)
+                                        head=head, device=device, span=span)
     plain = {(r["suite"], r["temperature"], r["concurrency"]): r for r in baseline["runs"]}
     sampled = sum(spec["num_speculative_tokens"] * sum(r["temperature"] > 0 for r in spec["runs"])
                   for spec in speculative)  # positions compared at temperature > 0
@@ -302,7 +322,7 @@ def evaluate_vllm(baseline_path, outputs_path, speculative_paths, states_dir, ta
                 indices = next(i for suite, t, i in texts if (suite, t) == key)[: run["prompts"]]
                 estimate_k = offline_estimates(states, indices, [(drafter, aux_layer_ids)], [K], temperature=0.0,
                                                max_tokens=max_tokens, head=head, device=device, method=method,
-                                               served_caps=cuts[-1])[0][K]
+                                               span=span, served_caps=cuts[-1])[0][K]
             limits = tolerance(estimate_k, run["temperature"], online_acceptance(run["counters"]),
                                agreement_tolerance=agreement_tolerance, z=z, per_request=run.get("per_request"))
             runs.append(speculative_run(spec, run, plain[key + (run["concurrency"],)], estimate_k, ceiling_k, limits))

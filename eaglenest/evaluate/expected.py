@@ -209,12 +209,16 @@ def replay(generated, served_tokens, weights, acceptance=None, seed=0):
     return anchors, matched, reached * acceptance
 
 
-def sample_counts(anchors, matched, expected, K):
+def sample_counts(anchors, matched, expected, K, keep=None):
     """A sample's counts at the anchors vLLM drafts from with K tokens (matched/expected may hold
-    more depths): (drafts, accepted per position by indicator [K], expected accepted [K])."""
+    more depths): (drafts, accepted per position by indicator [K], expected accepted [K]). keep
+    [T] bool: count only the drafts at its True anchors (vLLM's drafts all the same: those
+    drafting into a tool-call span, say, acceptance.drafts_in_span)."""
     matched = matched[:K]
     lengths = matched.sum(0)
     positions = torch.tensor(served_positions(anchors.tolist(), lengths.tolist()), dtype=torch.long)
+    if keep is not None:
+        positions = positions[keep.cpu()[positions]]
     indicator = matched[:, positions].sum(1).double()
     if expected is None:
         return len(positions), indicator.tolist(), indicator.tolist()

@@ -9,10 +9,11 @@ import logging
 from pathlib import Path
 
 from eaglenest.data.samples import is_heldout
+from eaglenest.data.tokenizer import tool_call_span
 from eaglenest.drafter.load import load_drafter
 from eaglenest.drafter.target_head import TargetHead
-from eaglenest.evaluate.acceptance import (acceptance, accepted_lengths, chain_lengths, oracle_drafts, served_anchors,
-                                           share_of_ceiling)
+from eaglenest.evaluate.acceptance import (acceptance, accepted_lengths, chain_lengths, drafts_in_span, oracle_drafts,
+                                           served_anchors, share_of_ceiling)
 from eaglenest.states.manifest import read_manifest
 from eaglenest.states.shards import ShardSamples, check_shards, collate, dequantize_states, length_batches
 from eaglenest.workflow.atomic import write_json
@@ -21,6 +22,29 @@ from eaglenest.workflow.progress import ProgressLines
 from eaglenest.workflow.tracking import log_acceptance, open_trackers
 
 log = logging.getLogger(__name__)
+
+
+def tool_call_split(span, ids, anchors, lengths):
+    """A batch's served drafts (served_anchors) split by where each starts: ([accepted lengths of
+    those starting in a tool-call span], [of the others]); ([], []) without a span (the ids of the
+    section's begin and end)."""
+    inside, spans, rest = drafts_in_span(ids, *span).tolist() if span else [], [], []
+    for sample_anchors, sample_lengths, keep in zip(anchors, lengths, inside):
+        spans += served_anchors(sample_anchors, sample_lengths, keep)
+        rest += served_anchors(sample_anchors, sample_lengths, [not x for x in keep])
+    return spans, rest
+
+
+def served_figures(served, ceiling, K, split):
+    """The "served" figures: acceptance at vLLM's anchors, the ceiling's and the share of it, and
+    with a tool-call `split` (tool_call_split's, whole run) its two parts."""
+    fields = acceptance(served, K)
+    fields["ceiling_per_position"] = acceptance(ceiling, K)["acceptance_rate_per_position"]
+    fields["share_of_ceiling_per_position"] = share_of_ceiling(fields["acceptance_rate_per_position"],
+                                                               fields["ceiling_per_position"])
+    if split:
+        fields["tool_call_spans"], fields["outside_tool_call_spans"] = (acceptance(s, K) for s in split)
+    return fields
 
 
 def evaluate_offline(
@@ -35,6 +59,7 @@ def evaluate_offline(
     max_tokens_per_batch=4096,
     device=None,
     tracking=None,
+    trust_remote_code=False, tool_call_tokens=None,
 ):
     """Write the acceptance of `drafter_dir` on the held-out samples as JSON; return it.
 
@@ -54,7 +79,7 @@ def evaluate_offline(
 
     `tracking`: the config's tracking section (None: none; eaglenest.workflow.tracking), whose
     trackers get the acceptance per position, every anchor's and served, as run evaluate_offline
-    (TensorBoard: tensorboard/evaluate_offline beside out_path).
+    (TensorBoard: tensorboard/evaluate_offline beside out_path). tool_call_tokens: tool_call_split.
     """
     device = torch_device(device)
     manifest = read_manifest(manifest_path)
@@ -67,8 +92,9 @@ def evaluate_offline(
     samples = ShardSamples(shard_paths, keep=lambda i: is_heldout(i, heldout_fraction))
     dtype = next(drafter.parameters()).dtype
     K = num_speculative_tokens
+    span = tool_call_span(target_dir, trust_remote_code=trust_remote_code, tool_call_tokens=tool_call_tokens)
 
-    every, served, ceiling, generated = [], [], [], 0
+    every, served, ceiling, generated, split = [], [], [], 0, ([], [])
     sizes = [end - start for _, start, end, _ in samples.index]
     ticker = ProgressLines("offline evaluation", len(samples), "samples", logger=log, rate_of="tokens")
     for indices in length_batches(range(len(samples)), sizes, max_tokens_per_batch):
@@ -80,13 +106,12 @@ def evaluate_offline(
             every += [a for a, is_anchor in zip(sample_lengths, sample_anchors) if is_anchor]
             served += served_anchors(sample_anchors, sample_lengths)
             ceiling += served_anchors(sample_anchors, oracle_lengths)
+        for whole, part in zip(split, tool_call_split(span, batch["input_ids"], anchors.tolist(), lengths.tolist())):
+            whole += part
         generated += int(batch["loss_mask"].sum())
         ticker.advance(len(indices), work=sum(sizes[i] for i in indices))
 
-    served_fields = acceptance(served, K)
-    served_fields["ceiling_per_position"] = acceptance(ceiling, K)["acceptance_rate_per_position"]
-    served_fields["share_of_ceiling_per_position"] = share_of_ceiling(served_fields["acceptance_rate_per_position"],
-                                                                      served_fields["ceiling_per_position"])
+    served_fields = served_figures(served, ceiling, K, split if span else None)
     result = {
         "num_speculative_tokens": K,
         **acceptance(every, K),

@@ -4,7 +4,8 @@ A suite is a set of prompts the target answers while vLLM speculates. "heldout",
 data's held-out split, is always one: each sample's tokens before its first generated one,
 exactly what the target was asked. Every other suite is a file of eval.suites in data.prompts'
 shape ({"id", "messages"} per line: an exported MT-Bench or GSM8K, docs/EVALUATION.md "Evaluation suites"),
-rendered by the target's chat template as tokenize renders prompts. Either way a suite becomes
+rendered by the target's chat template as tokenize renders prompts (with their tools, where they
+declare any: a suite of tool-using prompts). Either way a suite becomes
 one JSONL of {"id", "prompt_token_ids", "where"} (where: the file and line it came from, for errors).
 """
 
@@ -12,7 +13,7 @@ import json
 import logging
 
 from eaglenest.data import generate
-from eaglenest.data.prompts import read_prompts
+from eaglenest.data.prompts import Prompt, read_prompts
 from eaglenest.data.samples import is_heldout, prompt_id_of, read_tokenized
 from eaglenest.data.tokenizer import Tokenizer
 from eaglenest.workflow.atomic import atomic_path
@@ -46,8 +47,8 @@ def file_prompts(prompts_path, target_dir, max_prompts, *, trust_remote_code, ch
     rendered by the target's chat template with tokenize's settings, as generation renders them."""
     tokenizer = Tokenizer(target_dir, trust_remote_code=trust_remote_code, think_start=think_start,
                           think_end=think_end, end_of_turn=end_of_turn, chat_template_kwargs=chat_template_kwargs)
-    return [{"id": prompt_id, "prompt_token_ids": tokenizer.prompt(messages), "where": where}
-            for prompt_id, messages, where in read_prompts(prompts_path)[:max_prompts]]
+    return [{"id": p.id, "prompt_token_ids": tokenizer.prompt(p.messages, p.tools, where=p.where), "where": p.where}
+            for p in read_prompts(prompts_path)[:max_prompts]]
 
 
 def write_suite_prompts(out_path, suite, *, tokenized_path=None, prompts_path=None, target_dir=None,
@@ -77,5 +78,5 @@ def check_prompt_lengths(suites, max_model_len):
     """Refuse a prompt of vllm.max_model_len tokens or more (vLLM would), naming where it came
     from: generation's check (eaglenest.data.generate.check_prompt_lengths) on each suite."""
     for entries in suites.values():
-        generate.check_prompt_lengths([(e["id"], None, e["where"]) for e in entries],
+        generate.check_prompt_lengths([Prompt(e["id"], None, None, e["where"]) for e in entries],
                                       [e["prompt_token_ids"] for e in entries], max_model_len)

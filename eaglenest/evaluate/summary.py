@@ -65,6 +65,26 @@ def serving_table(online):
     return lines
 
 
+def tool_call_table(online):
+    """Per vLLM run whose estimate was split at the target's tool-call sections (evaluate_vllm with
+    tokenize.tool_call_tokens): acceptance per position on the drafts that start in a tool call
+    beside the rest, with vLLM's counters over the whole; none where no run was split."""
+    runs = [r for r in online["runs"] if "tool_call_spans" in r["offline"]]
+    if not runs:
+        return []
+    lines = ["", "## Acceptance on tool-call spans (section begin to section end) and elsewhere", "",
+             "| suite | temperature | concurrency | draft method, K | vLLM, whole text | offline, whole text "
+             "| tool-call spans | drafts there | elsewhere | drafts there |", "|---|---|---|---|---|---|---|---|---|---|"]
+    for r in runs:
+        spans, rest = r["offline"]["tool_call_spans"], r["offline"]["outside_tool_call_spans"]
+        lines.append(f"| {r['suite']} | {r['temperature']:g} | {r['concurrency']} | {engine_label(r)} | {_rates(r)} "
+                     f"| {_rates(r['offline'])} | {_rates(spans)} | {spans['num_drafts']:,.0f} | {_rates(rest)} "
+                     f"| {rest['num_drafts']:,.0f} |")
+    lines += ["", "- the offline replay splits vLLM's drafts by where each starts; at temperature 0 it is exact, so "
+                  "there the split is vLLM's own (the whole agrees with vLLM's counters, above)"]
+    return lines
+
+
 def greedy_identity(online):
     """How speculation left greedy text, as the tail of the agreement line: unchanged, or changed
     only at near-ties of the target's logits (a fault fails evaluate_vllm)."""
@@ -114,13 +134,17 @@ def write_summary(tokenize_report, coverage, train_log, offline_metrics, vllm_me
         *([prompt_sources_line(prompt_sources)] if prompt_sources else []),
         f"- samples: {report['samples_in']} in, {report['samples_out']} tokenized "
         f"({report['truncated']} truncated, rejected: {counts_in_words(report['rejected'])}); "
-        f"{report['tokens']} tokens, {report['generated_tokens']} generated",
+        f"{report['tokens']} tokens, {report['generated_tokens']} generated"
+        + (f"; {report['tool_call_turns']} call a tool, {report['tool_call_arguments_not_json']} with arguments that "
+           "are not valid JSON" if "tool_call_turns" in report else ""),
         f"- draft vocab: {cov['draft_vocab_size']} of {cov['target_vocab_size']} ids, "
         f"covering {cov['coverage']:.1%} of generated tokens",
         "- training: final " + ", ".join(f"{k} {v}" for k, v in last.items()),
         f"- offline, on the held-out shards, K={offline['num_speculative_tokens']}: acceptance per position "
         f"{_rates(served)}, mean acceptance length {served['mean_acceptance_length']:.2f} ({served['num_drafts']} drafts); "
-        f"ceiling at temperature 0 {_rates(served, 'ceiling_per_position')}",
+        f"ceiling at temperature 0 {_rates(served, 'ceiling_per_position')}"
+        + (f"; on tool-call spans {_rates(served['tool_call_spans'])} ({served['tool_call_spans']['num_drafts']} "
+           f"drafts), elsewhere {_rates(served['outside_tool_call_spans'])}" if "tool_call_spans" in served else ""),
         "- vLLM runs: suites " + ", ".join(f"{name} ({online['suites'][name]} prompts)"
                                             for name in dict.fromkeys(r["suite"] for r in online["runs"]))
         + f"; temperatures {', '.join(f'{t:g}' for t in online['temperatures'])}; draft methods "
@@ -130,6 +154,7 @@ def write_summary(tokenize_report, coverage, train_log, offline_metrics, vllm_me
         + f"; at most {online['max_tokens']} tokens each",
         "",
         *serving_table(online),
+        *tool_call_table(online),
     ]
     text = "\n".join(lines) + "\n"
     with atomic_path(out_path) as tmp:

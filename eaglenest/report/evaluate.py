@@ -279,6 +279,29 @@ def runs_table(online):
     return pd.DataFrame(rows)
 
 
+def tool_call_spans_table(online):
+    """DataFrame, one row per vLLM run split at the target's tool-call sections (evaluate_vllm with
+    tokenize.tool_call_tokens): acceptance on the drafts that start in a tool call beside the rest
+    (the offline replay of the run's text; at temperature 0 vLLM's own split), and vLLM's whole.
+    Empty where no run was split."""
+    suites, methods = suite_names(online), online["draft_sample_methods"]
+    rows = []
+    for r in sorted((r for r in online["runs"] if "tool_call_spans" in r["offline"]),
+                    key=lambda r: (suites.index(r["suite"]), r["temperature"], methods.index(r["draft_sample_method"]),
+                                   r["num_speculative_tokens"], r["concurrency"])):
+        spans, rest = r["offline"]["tool_call_spans"], r["offline"]["outside_tool_call_spans"]
+        rows.append({
+            "suite": r["suite"], "temperature": f"{r['temperature']:g}", "draft method": r["draft_sample_method"],
+            "K": str(r["num_speculative_tokens"]), "concurrency": str(r["concurrency"]),
+            "vLLM, whole text": _rates(r["acceptance_rate_per_position"]),
+            "tool-call spans": _rates(spans["acceptance_rate_per_position"]), "drafts there": count(spans["num_drafts"]),
+            "mean acceptance length there": f"{spans['mean_acceptance_length']:.2f}",
+            "elsewhere": _rates(rest["acceptance_rate_per_position"]), "drafts elsewhere": count(rest["num_drafts"]),
+            "mean acceptance length elsewhere": f"{rest['mean_acceptance_length']:.2f}",
+        })
+    return pd.DataFrame(rows)
+
+
 def recommended_table(online):
     """DataFrame, one row per (suite, temperature, concurrency): the draft method and K with the
     best measured speed-up, or that speculation does not pay there (with no method at any K), and
@@ -302,7 +325,10 @@ def heldout_table(offline):
     rows = []
     ceiling = {"acceptance_rate_per_position": offline["served"]["ceiling_per_position"]}
     ceiling["mean_acceptance_length"] = 1 + sum(ceiling["acceptance_rate_per_position"])
-    for name, figures in [("at vLLM's anchors (served)", offline["served"]), ("a draft at every anchor", offline),
+    spans = [("served, drafts starting in a tool call", offline["served"]["tool_call_spans"]),
+             ("served, drafts starting elsewhere", offline["served"]["outside_tool_call_spans"])
+             ] if "tool_call_spans" in offline["served"] else []
+    for name, figures in [("at vLLM's anchors (served)", offline["served"]), *spans, ("a draft at every anchor", offline),
                           ("ceiling (argmax oracle), at its own anchors", ceiling)]:
         row = {"drafts from": name}
         for k, rate in enumerate(figures["acceptance_rate_per_position"], 1):
@@ -347,6 +373,11 @@ def write_acceptance_table(offline_path, vllm_path, table_path):
               ("What to serve with: the draft method and K with the best measured speed-up per suite, temperature "
                "and concurrency", best),
               (f"Offline, held-out shards (K = {offline['num_speculative_tokens']})", heldout)]
+    spans = tool_call_spans_table(online)
+    if len(spans):
+        tables.insert(2, ("On tool-call spans (section begin to section end) and elsewhere: the drafts of each run "
+                          "by where they start, from the replay of its text (exact at temperature 0)", spans))
     numeric = {"K", "concurrency", "drafts", "mean acceptance length", "largest gap", "tokens/s without",
-               "tokens/s with", "speed-up", "accepted tokens", *[c for c in heldout if c.startswith("position")]}
+               "tokens/s with", "speed-up", "accepted tokens", *[c for c in heldout if c.startswith("position")],
+               "drafts there", "drafts elsewhere", "mean acceptance length there", "mean acceptance length elsewhere"}
     write_tables(table_path, "Acceptance and speed, offline and in vLLM", tables, note, numeric=numeric)
