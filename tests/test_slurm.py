@@ -417,24 +417,24 @@ SUBMITTED_ALLOCATION = re.compile(r"^(eaglenest-hidden_states-\dof2): job (\d+),
 
 
 def slurm_phase(slurm, workdir):
-    """The command of `make slurm-phase PHASE=hidden_states NODES=2`, each allocation a whole node with its GPU."""
-    node = node_share()
-    sbatch = ["--partition=gpu", f"--gpus={GPU_MODEL}:1", f"--cpus-per-gpu={node['CPUs']}", f"--mem={node['RealMemory']}",
-              "--exclusive"]
+    """The command of `make slurm-phase PHASE=hidden_states NODES=2`, each allocation a node's memory
+    (so one per node) and one GPU (so its shards' jobs run one after another)."""
+    sbatch = ["--partition=gpu", f"--gpus={GPU_MODEL}:1", f"--mem={node_share()['RealMemory']}"]
     return subprocess.Popen([sys.executable, "-m", "eaglenest.workflow.slurm_phase", "hidden_states", "--nodes", "2",
                              "--", *sbatch], cwd=workdir, env=slurm.env, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True)
 
 
-def in_flight(workdir, shard):
-    """Whether `shard`'s job has begun writing it: its temporary is there (eaglenest.workflow.atomic)."""
-    path = workdir / shard
-    return any(path.parent.glob(f".{path.name}.*.tmp"))
-
-
-def allocation_records(slurm, output):
-    """{job name: (job id, scontrol's record)} of the allocations a run of the command submitted."""
-    return {name: (job, slurm.run("scontrol", "show", "job", job)) for name, job, *_ in SUBMITTED_ALLOCATION.findall(output)}
+def one_done_one_started(workdir):
+    """(the second allocation's shard that is written, the one whose job has started since), or None.
+    Its jobs run one after another (one GPU, and each shard job asks one); its log
+    (.snakemake/slurm_phase/) names a job's shard when Snakemake starts it, seconds before the
+    job's script can write anything."""
+    share = PHASE_SHARDS[1::2]
+    log = "".join(path.read_text() for path in (workdir / ".snakemake/slurm_phase").glob(f"{ALLOCATIONS[1]}-*.log"))
+    done = [shard for shard in share if (workdir / shard).exists()]
+    started = [shard for shard in share if f"wildcards: shard={shard[-17:-12]}" in log and shard not in done]
+    return (done[0], started[0]) if len(done) == 1 and started else None
 
 
 def loads(workdir, job):
@@ -445,7 +445,7 @@ def loads(workdir, job):
 @pytest.fixture(scope="module")
 def phase(slurm, demo_target, tmp_path_factory):
     """The phase across 2 allocations, with both faults: the second allocation cancelled (scancel) once
-    its first shard is written and its second in flight; the command rerun, and SIGKILLed once it
+    one of its shards is written and the other's job started; the command rerun, and SIGKILLed once it
     has submitted the missing share; then run again. A local run of the same shards beside it.
     -> what each step left, by name"""
     workdir = tiny_workflow(tmp_path_factory.mktemp("phase") / "slurm", demo_target,
@@ -459,16 +459,19 @@ def phase(slurm, demo_target, tmp_path_factory):
             [sys.executable, "-m", "snakemake", "--cores", "2", *PHASE_SHARDS], cwd=local, stdout=out,
             stderr=subprocess.STDOUT) as twin:
         first = slurm_phase(slurm, workdir)
-        wait_until(lambda: (workdir / PHASE_SHARDS[1]).exists() and in_flight(workdir, PHASE_SHARDS[3]),
-                   "shard 1 written and shard 3 in flight", timeout_s=300)
+        wait_until(lambda: one_done_one_started(workdir) or first.poll() is not None,
+                   "a shard of the second allocation written and the next one started", timeout_s=300)
+        assert first.poll() is None, first.communicate()[0]
+        done, in_flight = one_done_one_started(workdir)
         jobs = {name: job for job, name, _ in (line.split("|") for line in slurm.run(
             "squeue", "--noheader", "--format=%i|%j|%Z").splitlines()) if name in ALLOCATIONS}
-        running = {name: slurm.run("scontrol", "show", "job", job) for name, job in jobs.items()}
-        finished_before = stamps(workdir, PHASE_SHARDS[1:2])
+        done_before = stamps(workdir, [done])
         slurm.run("scancel", jobs[ALLOCATIONS[1]])
+        running = {name: slurm.run("scontrol", "show", "job", job) for name, job in jobs.items()}
         first_run = finished(first)
-        after_cancel = {"finished": stamps(workdir, PHASE_SHARDS[:3]), "in flight": (workdir / PHASE_SHARDS[3]).exists(),
-                        "finished before": finished_before}
+        finished_shards = [shard for shard in PHASE_SHARDS if shard != in_flight]
+        after_cancel = {"finished": stamps(workdir, finished_shards), "in flight": (workdir / in_flight).exists(),
+                        "done before": done_before}
         rerun = slurm_phase(slurm, workdir)
         submitted = next(line for line in rerun.stdout if SUBMITTED_ALLOCATION.match(line))
         rerun.kill()  # the command killed: its allocation runs on
@@ -477,16 +480,16 @@ def phase(slurm, demo_target, tmp_path_factory):
     assert twin.returncode == 0, (workdir.parent / "local.log").read_text()
     return {"workdir": workdir, "local": local, "jobs": jobs, "running": running, "first": first_run,
             "after_cancel": after_cancel, "submitted": submitted, "again": again,
-            "after": stamps(workdir, PHASE_SHARDS[:3])}
+            "after": stamps(workdir, finished_shards), "done": done, "in flight": in_flight}
 
 
 def test_a_phase_across_two_allocations_runs_each_on_its_own_node_with_one_load(phase):
-    """Each allocation holds a whole node of partition gpu with its GPU, and its engine service
+    """Each allocation runs on a node of its own, on partition gpu with its GPU, and its engine service
     loads the target once for its share."""
     workdir, running = phase["workdir"], phase["running"]
     assert {field(record, "NodeList") for record in running.values()} == set(NODES)  # one allocation per node
     for name, record in running.items():
-        assert field(record, "JobState") == "RUNNING" and field(record, "Partition") == "gpu"
+        assert field(record, "Partition") == "gpu"  # read as the second is being cancelled
         assert field(record, "TresPerJob") == f"gres:gpu:{GPU_MODEL}:1" and field(record, "JobName") == name
         assert field(record, "StdOut") == str(workdir / f".snakemake/slurm_phase/{name}-{phase['jobs'][name]}.log")
     returncode, output = phase["first"]
@@ -496,15 +499,16 @@ def test_a_phase_across_two_allocations_runs_each_on_its_own_node_with_one_load(
 
 
 def test_a_cancelled_allocation_loses_nothing_finished_and_leaves_nothing_half_written(phase):
-    """The second allocation cancelled while shard 3 was in flight: the command reports shard 3
-    missing; shard 1, which it had finished, keeps its bytes and mtime through the reruns; shard 3
-    was not there at all, and no temporary is left once the rerun made it."""
+    """The second allocation cancelled while a shard's job had started, its other shard written: the
+    command reports the shard in flight missing; every shard written keeps its bytes and mtime
+    through the reruns; the shard in flight was not there at all, and no temporary is left once the
+    rerun made it."""
     returncode, output = phase["first"]
     assert returncode == 1 and "1 hidden_states outputs are still missing or stale" in output, output
-    assert output.rstrip().endswith(PHASE_SHARDS[3])
+    assert output.rstrip().endswith(phase["in flight"])
     assert not phase["after_cancel"]["in flight"]
     assert phase["after"] == phase["after_cancel"]["finished"]
-    assert phase["after"][PHASE_SHARDS[1]] == phase["after_cancel"]["finished before"][PHASE_SHARDS[1]]
+    assert phase["after"][phase["done"]] == phase["after_cancel"]["done before"][phase["done"]]
     assert not list((phase["workdir"] / "results").rglob("*.tmp"))
 
 
