@@ -533,3 +533,16 @@ def test_a_phase_across_allocations_makes_a_local_runs_shards_and_the_rest_runs_
     assert all((workdir / shard).read_bytes() == (local / shard).read_bytes() for shard in PHASE_SHARDS)
     planned = snakemake(workdir, "-n", "results/hidden_states/manifest.json").stdout
     assert re.findall(r"^rule (\w+):", planned, re.M) == ["hidden_states_manifest"], planned
+
+
+@pytest.mark.parametrize("rule", ["generate_part", "hidden_states"])
+def test_a_phase_whose_inputs_are_not_made_is_refused_before_any_allocation(rule, tmp_path):
+    """Each allocation would make them again (N writers of one file): the command names the rules to
+    run first and submits nothing (no SLURM needed to refuse)."""
+    workdir = new_workdir(tmp_path)
+    run = subprocess.run([sys.executable, "-m", "eaglenest.workflow.slurm_phase", rule, "--nodes", "2"], cwd=workdir,
+                         capture_output=True, text=True)
+    assert run.returncode == 2 and re.fullmatch(
+        rf"error: {rule} reads what (\w+, )*split_prompts(, \w+)* must make first: run them before the phase, e\.g\. "
+        r"snakemake --profile profiles/slurm --until [\w ]+\n", run.stderr), run.stderr
+    assert not (workdir / ".snakemake/slurm_phase").exists()
