@@ -1,7 +1,7 @@
 """A GPU phase across N SLURM allocations, one per node, each loading the target once.
 
 Why: through profiles/slurm every shard or part is an sbatch job with a Snakemake of its own, and
-each loads the target (docs/CLUSTERS.md, "The shards of a phase in one allocation"). Inside one
+each loads the target (docs/CLUSTERS.md, "Job groups: not for GPU phases"). Inside one
 allocation, Snakemake's local executor runs the phase's jobs in one Snakemake, whose engine
 service loads the target once for all of them (eaglenest.engine.service). This runs one such
 allocation per node, each on its own share of the phase's outputs (docs/CLUSTERS.md, "A GPU phase
