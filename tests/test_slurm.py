@@ -452,6 +452,12 @@ def phase(slurm, demo_target, tmp_path_factory):
                             {"hidden_states": {"backend": "vllm", "device": "cuda", "num_shards": len(PHASE_SHARDS)},
                              # speed only: a KV cache of 0.5 GB, made in 0.3 s, not the default's 4 GB in 8 s
                              "vllm": {"gpu_memory_utilization": 0.05}})
+    # An ordinary GPU job of the profile: its partition, gpu_model and runtime as shipped, memory fitted
+    profile = fitted_profile(workdir.parent / "profile", "engine_start_check", {"mem_mb": node_share()["RealMemory"]})
+    returncode, output = finished(on_cluster(slurm, workdir, profile, "results/engine_start_check.json"))
+    assert returncode == 0, output
+    [(check_job, _)] = SUBMITTED.findall(output)
+    check = slurm.run("scontrol", "show", "job", check_job)
     snakemake(workdir, "results/data/shards")  # what the phase reads, made before it (the command checks)
     local = workdir.parent / "local"
     shutil.copytree(workdir, local, symlinks=True)
@@ -480,7 +486,18 @@ def phase(slurm, demo_target, tmp_path_factory):
     assert twin.returncode == 0, (workdir.parent / "local.log").read_text()
     return {"workdir": workdir, "local": local, "jobs": jobs, "running": running, "first": first_run,
             "after_cancel": after_cancel, "submitted": submitted, "again": again,
-            "after": stamps(workdir, finished_shards), "done": done, "in flight": in_flight}
+            "after": stamps(workdir, finished_shards), "done": done, "in flight": in_flight, "check": check}
+
+
+def test_an_ordinary_gpu_job_of_the_profile_asks_its_gpu_model_as_shipped(phase):
+    """engine_start_check (a GPU rule of one GPU) through the profile: one sbatch job whose
+    `--gpus=<model>:1` scontrol shows, with the shipped profile's partition, gpu_model and runtime
+    (local_profile fits only memory and CPUs to the node)."""
+    shipped = yaml.safe_load((REPO / "profiles/slurm/config.yaml").read_text())["set-resources"]["engine_start_check"]
+    record = phase["check"]
+    assert field(record, "JobState") == "COMPLETED" and field(record, "Partition") == shipped["slurm_partition"]
+    assert field(record, "TresPerJob") == f"gres:gpu:{shipped['gpu_model']}:1"
+    assert field(record, "TimeLimit") == f"00:{shipped['runtime']:02d}:00"
 
 
 def test_a_phase_across_two_allocations_runs_each_on_its_own_node_with_one_load(phase):
