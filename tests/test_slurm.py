@@ -18,6 +18,7 @@ import subprocess
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import pytest
 import torch
@@ -196,11 +197,22 @@ def hung_run(slurm, workdir, profile):
     return run, job
 
 
+def job_environment(pid, job):
+    """Whether process `pid` runs in SLURM job `job` (its environment says so)."""
+    try:
+        return f"SLURM_JOB_ID={job}".encode() in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    except (FileNotFoundError, ProcessLookupError, PermissionError):
+        return False
+
+
 def hang(slurm, job):
-    """SIGSTOP every process of `job` (scontrol listpids), until it has no other."""
+    """SIGSTOP every process of `job` (scontrol listpids), until it has no other. Only those whose
+    environment names the job: on this shared machine a run of the suite once stopped processes of
+    other sessions (tool shells, other runs) and the cluster's own daemons, all listed as the job's."""
     stopped = set()
     while True:
         pids = {int(line.split()[0]) for line in slurm.run("scontrol", "listpids", job).splitlines()[1:]}
+        pids = {pid for pid in pids if job_environment(pid, job)}
         if stopped and pids <= stopped:
             return
         for pid in pids - stopped:
