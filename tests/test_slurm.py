@@ -3,8 +3,9 @@ node and munge on this machine), and the faults a cluster run meets. The CPU sta
 responses to the token counts: a job cancelled while it runs is rerun alone; Snakemake killed
 mid-run, then run again as docs/CLUSTERS.md says, submits only the unfinished job; a job over its
 memory or its time is killed by the scheduler, which says why; the artifacts are byte-identical to
-a local run's. Then, on a few samples, train_drafter on both nodes and the GPU stage hidden_states
-(vLLM on CPU) grouped into one allocation, each against a local run (docs/CLUSTERS.md)."""
+a local run's. Then, on a few samples, train_drafter on both nodes, and the GPU stage hidden_states
+(vLLM on CPU) across two allocations of a node each by `make slurm-phase`'s command, one target load
+each, with an allocation cancelled and the command killed, each against a local run (docs/CLUSTERS.md)."""
 
 import contextlib
 import hashlib
@@ -17,6 +18,7 @@ import subprocess
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import pytest
 import torch
@@ -195,11 +197,22 @@ def hung_run(slurm, workdir, profile):
     return run, job
 
 
+def job_environment(pid, job):
+    """Whether process `pid` runs in SLURM job `job` (its environment says so)."""
+    try:
+        return f"SLURM_JOB_ID={job}".encode() in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    except (FileNotFoundError, ProcessLookupError, PermissionError):
+        return False
+
+
 def hang(slurm, job):
-    """SIGSTOP every process of `job` (scontrol listpids), until it has no other."""
+    """SIGSTOP every process of `job` (scontrol listpids), until it has no other. Only those whose
+    environment names the job: on this shared machine a run of the suite once stopped processes of
+    other sessions (tool shells, other runs) and the cluster's own daemons, all listed as the job's."""
     stopped = set()
     while True:
         pids = {int(line.split()[0]) for line in slurm.run("scontrol", "listpids", job).splitlines()[1:]}
+        pids = {pid for pid in pids if job_environment(pid, job)}
         if stopped and pids <= stopped:
             return
         for pid in pids - stopped:
@@ -313,12 +326,6 @@ SAMPLES = 48  # the demo's first responses: 43 samples after tokenize, 5 optimiz
 MANIFEST, D2T, T2D, DRAFTER = (f"results/{path}" for path in ("hidden_states/manifest.json", "vocab/d2t.pt",
                                                                 "vocab/t2d.pt", "drafter"))
 MULTI_NODE = {"nodes": 2, "tasks": 2, "tasks_per_gpu": 0, "mpi": "srun"}  # docs/CLUSTERS.md's lines for train_drafter
-SHARDS = [f"results/hidden_states/shard_{i:05d}.safetensors" for i in range(2)]
-# docs/CLUSTERS.md "The shards of a phase in one allocation": the shards in one sbatch job of one shard's resources
-GROUPED = {
-    "groups": ["hidden_states=extract"], "group-components": [f"extract={len(SHARDS)}"],
-    "resources": ["engine=1"], "set-resource-scopes": ["engine=local"],
-}
 
 
 def tiny_workflow(folder, target, update):
@@ -331,14 +338,12 @@ def tiny_workflow(folder, target, update):
     return workdir
 
 
-def fitted_profile(folder, rule, resources, drop=(), settings=None):
-    """local_profile with `resources` set for `rule`, its `drop` resources removed, `settings` added."""
+def fitted_profile(folder, rule, resources):
+    """local_profile with `resources` set for `rule`."""
     path = local_profile(folder) / "config.yaml"
     profile = yaml.safe_load(path.read_text())
-    for name in drop:
-        del profile["set-resources"][rule][name]
     profile["set-resources"][rule] |= resources
-    path.write_text(yaml.safe_dump(profile | (settings or {})))
+    path.write_text(yaml.safe_dump(profile))
     return folder
 
 
@@ -368,14 +373,13 @@ def step_tasks(slurm, step):
 @pytest.fixture(scope="module")
 def multi_node(slurm, demo_target, tmp_path_factory):
     """train_drafter with train.num_processes 2 on CPU through sbatch, with docs/CLUSTERS.md's multi-node
-    lines (and no gpu_model: a rule of 0 GPUs must not keep one, as the docs say), from the shards of
-    a local run. -> (its workdir, the local run's, the SLURM job's id, scontrol's record of it)"""
+    lines, the profile's gpu_model and cpus_per_gpu kept (training on CPU is a rule of 0 GPUs, which
+    the Snakefile asks no GPU model for), from the shards of a local run. -> (its workdir, the local run's, the SLURM job's id, scontrol's record of it)"""
     workdir = tiny_workflow(tmp_path_factory.mktemp("multi_node") / "slurm", demo_target,
                             {"hidden_states": {"num_shards": 2},
                              "train": {"device": "cpu", "num_processes": 2, "epochs": 1}})
     snakemake(workdir, MANIFEST, D2T, T2D)  # everything training reads
-    profile = fitted_profile(workdir.parent / "profile", "train_drafter", MULTI_NODE,
-                             drop=("gpu_model", "cpus_per_gpu"))
+    profile = fitted_profile(workdir.parent / "profile", "train_drafter", MULTI_NODE)
     local, jobs = beside_local_run(slurm, workdir, profile, DRAFTER)
     [(job_id, record)] = jobs.items()
     return workdir, local, job_id, record
@@ -388,6 +392,7 @@ def test_multi_node_training_runs_a_torchrun_on_each_node(slurm, multi_node):
     machine) under the job's id: rank 0 trained with 2 processes."""
     workdir, _, job_id, record = multi_node
     assert field(record, "JobState") == "COMPLETED" and field(record, "Partition") == "gpu"
+    assert "TresPerJob" not in record  # train.device cpu: no --gpus=<model>:0, though the profile names a model
     assert [field(record, name) for name in ("NodeList", "NumNodes", "NumTasks", "CPUs/Task", "BatchHost")] == [
         "n[1-2]", "2", "2", str(node_share()["CPUs"]), "n1"]
     assert step_tasks(slurm, f"{job_id}.0") == {"n1": ["0"], "n2": ["1"]}  # the job's first step: srun's torchruns
@@ -413,80 +418,160 @@ def tensors(drafter):
         return {name: f.get_tensor(name) for name in f.keys()}
 
 
+
+
+# A GPU phase across nodes (docs/CLUSTERS.md "A GPU phase across nodes"): the vLLM backend's 4 shards
+# (the rule asks a GPU: hidden_states.device cuda; vLLM here is its CPU build) by `make slurm-phase`'s
+# command in 2 allocations of a whole node each: shards 0 and 2 in the first, 1 and 3 in the second.
+PHASE_SHARDS = [f"results/hidden_states/shard_{i:05d}.safetensors" for i in range(4)]
+ALLOCATIONS = ["eaglenest-hidden_states-1of2", "eaglenest-hidden_states-2of2"]
+SUBMITTED_ALLOCATION = re.compile(r"^(eaglenest-hidden_states-\dof2): job (\d+), (\d+) of its (\d+) outputs", re.M)
+
+
+def slurm_phase(slurm, workdir):
+    """The command of `make slurm-phase PHASE=hidden_states NODES=2`, each allocation a node's memory
+    (so one per node) and one GPU (so its shards' jobs run one after another)."""
+    sbatch = ["--partition=gpu", f"--gpus={GPU_MODEL}:1", f"--mem={node_share()['RealMemory']}"]
+    return subprocess.Popen([sys.executable, "-m", "eaglenest.workflow.slurm_phase", "hidden_states", "--nodes", "2",
+                             "--", *sbatch], cwd=workdir, env=slurm.env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+
+
+def one_done_one_started(workdir):
+    """(the second allocation's shard that is written, the one whose job has started since), or None.
+    Its jobs run one after another (one GPU, and each shard job asks one); its log
+    (.snakemake/slurm_phase/) names a job's shard when Snakemake starts it, seconds before the
+    job's script can write anything."""
+    share = PHASE_SHARDS[1::2]
+    log = "".join(path.read_text() for path in (workdir / ".snakemake/slurm_phase").glob(f"{ALLOCATIONS[1]}-*.log"))
+    done = [shard for shard in share if (workdir / shard).exists()]
+    started = [shard for shard in share if f"wildcards: shard={shard[-17:-12]}" in log and shard not in done]
+    return (done[0], started[0]) if len(done) == 1 and started else None
+
+
+def loads(workdir, job):
+    """How often allocation `job`'s engine service loaded the target (its own log)."""
+    return (workdir / f"results/logs/hidden_states/engine-slurm{job}.log").read_text().count("target loaded in")
+
+
 @pytest.fixture(scope="module")
-def grouped_extraction(slurm, demo_target, tmp_path_factory):
-    """The vLLM backend's shards (the rule asks a GPU: hidden_states.device cuda; vLLM here is its
-    CPU build) through sbatch in one group, from a local split of the samples.
-    -> (its workdir, the local run's, {SLURM job id: scontrol's record})"""
-    workdir = tiny_workflow(tmp_path_factory.mktemp("grouped") / "slurm", demo_target,
-                            {"hidden_states": {"backend": "vllm", "device": "cuda", "num_shards": len(SHARDS)},
+def phase(slurm, demo_target, tmp_path_factory):
+    """The phase across 2 allocations, with both faults: the second allocation cancelled (scancel) once
+    one of its shards is written and the other's job started; the command rerun, and SIGKILLed once it
+    has submitted the missing share; then run again. A local run of the same shards beside it.
+    -> what each step left, by name"""
+    workdir = tiny_workflow(tmp_path_factory.mktemp("phase") / "slurm", demo_target,
+                            {"hidden_states": {"backend": "vllm", "device": "cuda", "num_shards": len(PHASE_SHARDS)},
                              # speed only: a KV cache of 0.5 GB, made in 0.3 s, not the default's 4 GB in 8 s
                              "vllm": {"gpu_memory_utilization": 0.05}})
-    snakemake(workdir, "results/data/shards")
-    # vLLM's engine takes its share of the RAM (vllm.gpu_memory_utilization): the job asks a node's
-    profile = fitted_profile(workdir.parent / "profile", "hidden_states",
-                             {"engine": 1, "mem_mb": node_share()["RealMemory"]}, settings=GROUPED)
-    local, jobs = beside_local_run(slurm, workdir, profile, *SHARDS)
-    return workdir, local, jobs
+    # An ordinary GPU job of the profile: its partition, gpu_model and runtime as shipped, memory fitted
+    profile = fitted_profile(workdir.parent / "profile", "engine_start_check", {"mem_mb": node_share()["RealMemory"]})
+    returncode, output = finished(on_cluster(slurm, workdir, profile, "results/engine_start_check.json"))
+    assert returncode == 0, output
+    [(check_job, _)] = SUBMITTED.findall(output)
+    check = slurm.run("scontrol", "show", "job", check_job)
+    snakemake(workdir, "results/data/shards")  # what the phase reads, made before it (the command checks)
+    local = workdir.parent / "local"
+    shutil.copytree(workdir, local, symlinks=True)
+    with open(workdir.parent / "local.log", "w") as out, subprocess.Popen(
+            [sys.executable, "-m", "snakemake", "--cores", "2", *PHASE_SHARDS], cwd=local, stdout=out,
+            stderr=subprocess.STDOUT) as twin:
+        first = slurm_phase(slurm, workdir)
+        wait_until(lambda: one_done_one_started(workdir) or first.poll() is not None,
+                   "a shard of the second allocation written and the next one started", timeout_s=300)
+        assert first.poll() is None, first.communicate()[0]
+        done, in_flight = one_done_one_started(workdir)
+        jobs = {name: job for job, name, _ in (line.split("|") for line in slurm.run(
+            "squeue", "--noheader", "--format=%i|%j|%Z").splitlines()) if name in ALLOCATIONS}
+        done_before = stamps(workdir, [done])
+        slurm.run("scancel", jobs[ALLOCATIONS[1]])
+        running = {name: slurm.run("scontrol", "show", "job", job) for name, job in jobs.items()}
+        first_run = finished(first)
+        finished_shards = [shard for shard in PHASE_SHARDS if shard != in_flight]
+        after_cancel = {"finished": stamps(workdir, finished_shards), "in flight": (workdir / in_flight).exists(),
+                        "done before": done_before}
+        rerun = slurm_phase(slurm, workdir)
+        submitted = next(line for line in rerun.stdout if SUBMITTED_ALLOCATION.match(line))
+        rerun.kill()  # the command killed: its allocation runs on
+        finished(rerun)
+        again = finished(slurm_phase(slurm, workdir))
+    assert twin.returncode == 0, (workdir.parent / "local.log").read_text()
+    return {"workdir": workdir, "local": local, "jobs": jobs, "running": running, "first": first_run,
+            "after_cancel": after_cancel, "submitted": submitted, "again": again,
+            "after": stamps(workdir, finished_shards), "done": done, "in flight": in_flight, "check": check}
 
 
-def test_a_group_of_shards_is_one_allocation_with_its_gpus(slurm, grouped_extraction):
-    """One sbatch job holds both shards, on partition gpu with one shard's GPU (the layers of
-    resources engine=1: not one GPU per shard) and their runtimes added up; in it each shard is a
-    step of its own (the jobstep executor's srun)."""
-    workdir, _, jobs = grouped_extraction
-    [(job_id, record)] = jobs.items()
-    assert field(record, "JobState") == "COMPLETED" and field(record, "Partition") == "gpu"
-    assert field(record, "TresPerJob") == "gres:gpu:rtx_pro_6000:1"
-    assert field(record, "TimeLimit") == "12:00:00"  # 2 x the profile's 360 min
-    assert field(record, "StdOut") == str(workdir / f".snakemake/slurm_logs/group_extract_hidden_states/{job_id}.log")
-    node = field(record, "NodeList")
-    assert [step_tasks(slurm, f"{job_id}.{step}")[node] for step in range(len(SHARDS))] == [["0"]] * len(SHARDS)
+def test_an_ordinary_gpu_job_of_the_profile_asks_its_gpu_model_as_shipped(phase):
+    """engine_start_check (a GPU rule of one GPU) through the profile: one sbatch job whose
+    `--gpus=<model>:1` scontrol shows, with the shipped profile's partition, gpu_model and runtime
+    (local_profile fits only memory and CPUs to the node)."""
+    shipped = yaml.safe_load((REPO / "profiles/slurm/config.yaml").read_text())["set-resources"]["engine_start_check"]
+    record = phase["check"]
+    assert field(record, "JobState") == "COMPLETED" and field(record, "Partition") == shipped["slurm_partition"]
+    assert field(record, "TresPerJob") == f"gres:gpu:{shipped['gpu_model']}:1"
+    assert field(record, "TimeLimit") == f"00:{shipped['runtime']:02d}:00"
 
 
-def test_a_group_loads_the_target_once_per_shard_not_once(grouped_extraction):
-    """docs/CLUSTERS.md: the group's Snakemake runs each shard in a Snakemake of its own (the SLURM
-    plugin passes no group to it), and an engine service belongs to one Snakemake process: each
-    shard job starts a service and loads the target."""
-    workdir, *_ = grouped_extraction
-    assert (workdir / "results/logs/hidden_states/engine.log").read_text().count("target loaded in") == len(SHARDS)
-    for shard in range(len(SHARDS)):
-        assert "started the hidden_states engine service" in (
-            workdir / f"results/logs/hidden_states/shard_{shard:05d}.log").read_text()
+def test_a_phase_across_two_allocations_runs_each_on_its_own_node_with_one_load(phase):
+    """Each allocation runs on a node of its own, on partition gpu with its GPU, and its engine service
+    loads the target once for its share."""
+    workdir, running = phase["workdir"], phase["running"]
+    assert {field(record, "NodeList") for record in running.values()} == set(NODES)  # one allocation per node
+    for name, record in running.items():
+        assert field(record, "Partition") == "gpu"  # read as the second is being cancelled
+        assert field(record, "TresPerJob") == f"gres:gpu:{GPU_MODEL}:1" and field(record, "JobName") == name
+        assert field(record, "StdOut") == str(workdir / f".snakemake/slurm_phase/{name}-{phase['jobs'][name]}.log")
+    returncode, output = phase["first"]
+    assert sorted(SUBMITTED_ALLOCATION.findall(output)) == [(ALLOCATIONS[0], phase["jobs"][ALLOCATIONS[0]], "2", "2"),
+                                                             (ALLOCATIONS[1], phase["jobs"][ALLOCATIONS[1]], "2", "2")]
+    assert [loads(workdir, phase["jobs"][name]) for name in ALLOCATIONS] == [1, 1]
 
 
-def test_grouped_shards_are_those_of_a_local_run(grouped_extraction):
-    """Byte for byte the shards of one engine in a local run."""
-    workdir, local, _ = grouped_extraction
-    assert all((workdir / shard).read_bytes() == (local / shard).read_bytes() for shard in SHARDS)
+def test_a_cancelled_allocation_loses_nothing_finished_and_leaves_nothing_half_written(phase):
+    """The second allocation cancelled while a shard's job had started, its other shard written: the
+    command reports the shard in flight missing; every shard written keeps its bytes and mtime
+    through the reruns; the shard in flight was not there at all, and no temporary is left once the
+    rerun made it."""
+    returncode, output = phase["first"]
+    assert returncode == 1 and "1 hidden_states outputs are still missing or stale" in output, output
+    assert output.rstrip().endswith(phase["in flight"])
+    assert not phase["after_cancel"]["in flight"]
+    assert phase["after"] == phase["after_cancel"]["finished"]
+    assert phase["after"][phase["done"]] == phase["after_cancel"]["done before"][phase["done"]]
+    assert not list((phase["workdir"] / "results").rglob("*.tmp"))
 
 
-@pytest.fixture(scope="module")
-def allocation_extraction(slurm, grouped_extraction, tmp_path_factory):
-    """docs/HIDDEN_STATES.md "Under SLURM": the same shards in one sbatch allocation of a GPU, made
-    by Snakemake's local executor inside it, from the local run's split of the samples.
-    -> (its workdir, scontrol's record of the job)"""
-    _, local, _ = grouped_extraction
-    workdir = tmp_path_factory.mktemp("allocation") / "wf"
-    shutil.copytree(local, workdir, symlinks=True, ignore=shutil.ignore_patterns("hidden_states"))  # no shard
-    node = node_share()
-    cores = node["CPUs"]
-    run = subprocess.run(
-        ["sbatch", "--parsable", "--wait", "--partition=gpu", f"--gpus={GPU_MODEL}:1", f"--cpus-per-gpu={cores}",
-         f"--mem={node['RealMemory']}", f"--chdir={workdir}", f"--output={workdir}/allocation.log",
-         f"--wrap={sys.executable} -m snakemake --cores {cores} {' '.join(SHARDS)}"],
-        env=slurm.env, capture_output=True, text=True, timeout=600)
-    assert run.returncode == 0, run.stderr + (workdir / "allocation.log").read_text()
-    return workdir, slurm.run("scontrol", "show", "job", run.stdout.strip())
+def test_a_rerun_makes_only_the_missing_shard_with_one_load_and_a_killed_command_submits_nothing_twice(phase):
+    """The rerun submits the second share alone, with one shard of it to make; killed, and run again,
+    the command finds that allocation in squeue and waits for it instead of submitting it again.
+    Three allocations in all, each one load."""
+    workdir = phase["workdir"]
+    name, job, todo, share = SUBMITTED_ALLOCATION.match(phase["submitted"]).groups()
+    assert (name, todo, share) == (ALLOCATIONS[1], "1", "2")
+    returncode, output = phase["again"]
+    assert returncode == 0, output
+    assert f"{ALLOCATIONS[1]}: job {job} runs or waits already, not submitted again" in output
+    assert not SUBMITTED_ALLOCATION.search(output)
+    assert len(list((workdir / ".snakemake/slurm_phase").glob("*.log"))) == 3 and loads(workdir, job) == 1
 
 
-def test_a_phase_in_one_allocation_loads_the_target_once(allocation_extraction, grouped_extraction):
-    """What the groups cannot do, one allocation with the local executor does: one Snakemake in the
-    job, so one engine service and one load for both shards, on partition gpu with its GPU, and
-    the shards are byte for byte the local run's."""
-    workdir, record = allocation_extraction
-    _, local, _ = grouped_extraction
-    assert field(record, "JobState") == "COMPLETED" and field(record, "Partition") == "gpu"
-    assert field(record, "TresPerJob") == f"gres:gpu:{GPU_MODEL}:1"
-    assert (workdir / "results/logs/hidden_states/engine.log").read_text().count("target loaded in") == 1
-    assert all((workdir / shard).read_bytes() == (local / shard).read_bytes() for shard in SHARDS)
+def test_a_phase_across_allocations_makes_a_local_runs_shards_and_the_rest_runs_as_today(phase):
+    """Byte for byte the shards of one engine in a local run; what follows the phase is planned as
+    after any run: the manifest alone."""
+    workdir, local = phase["workdir"], phase["local"]
+    assert all((workdir / shard).read_bytes() == (local / shard).read_bytes() for shard in PHASE_SHARDS)
+    planned = snakemake(workdir, "-n", "results/hidden_states/manifest.json").stdout
+    assert re.findall(r"^rule (\w+):", planned, re.M) == ["hidden_states_manifest"], planned
+
+
+@pytest.mark.parametrize("rule", ["generate_part", "hidden_states"])
+def test_a_phase_whose_inputs_are_not_made_is_refused_before_any_allocation(rule, tmp_path):
+    """Each allocation would make them again (N writers of one file): the command names the rules to
+    run first and submits nothing (no SLURM needed to refuse)."""
+    workdir = new_workdir(tmp_path)
+    run = subprocess.run([sys.executable, "-m", "eaglenest.workflow.slurm_phase", rule, "--nodes", "2"], cwd=workdir,
+                         capture_output=True, text=True)
+    assert run.returncode == 2 and re.fullmatch(
+        rf"error: {rule} reads what (\w+, )*split_prompts(, \w+)* must make first: run them before the phase, e\.g\. "
+        r"snakemake --profile profiles/slurm --until [\w ]+\n", run.stderr), run.stderr
+    assert not (workdir / ".snakemake/slurm_phase").exists()

@@ -146,6 +146,7 @@ def engine_service(phase, factory, kwargs, *, log_path, gpus=0, idle_s=IDLE_S):
     """A connection to this run's `phase` service for the engine factory(**kwargs), started if
     there is none; yields a function call(method, *args, **kwargs) -> the method's result.
     gpus: devices the service leases for itself (eaglenest.workflow.gpu_lease) while it lives."""
+    log_path = allocation_log(log_path)
     owner_pid, owner_start = owner()
     spec = {"phase": phase, "workdir": os.getcwd(), "owner": [owner_pid, owner_start], "factory": factory,
             "kwargs": kwargs, "gpus": gpus}
@@ -162,6 +163,15 @@ def engine_service(phase, factory, kwargs, *, log_path, gpus=0, idle_s=IDLE_S):
             log.info("using this run's %s engine service (log %s)", phase, log_path)
     with conn:
         yield lambda method, *args, **kw: _call(conn, phase, log_path, method, args, kw)
+
+
+def allocation_log(log_path, environ=os.environ):
+    """Where this allocation's service logs: `log_path`, or under SLURM <name>-slurm<job id><suffix>
+    beside it. Services of allocations on several nodes then never append to one file (appends
+    from two hosts interleave on a shared file system), and each allocation's loads are its own."""
+    job = environ.get("SLURM_JOB_ID")
+    path = Path(log_path)
+    return path if job is None else path.with_name(f"{path.stem}-slurm{job}{path.suffix}")
 
 
 def _call(conn, phase, log_path, method, args, kwargs):
