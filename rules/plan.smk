@@ -2,7 +2,7 @@
 # exact token counts, before either starts. `snakemake plan` makes it alone. No stage takes it as
 # an input: a plain edge would re-extract every shard whenever the plan changes (a free-disk
 # reading, a speed setting), and ancient() makes Snakemake 9.27 skip missing shards in the run
-# that remakes the plan (docs/PITFALLS.md). It is ready when tokenization is, like shard_samples,
+# that remakes the plan (docs/SNAKEMAKE.md, "ancient() drops jobs"). It is ready when tokenization is, like shard_samples,
 # and goes first by priority; the disk guard of every hidden_states job does its own arithmetic.
 
 PLAN_SETTINGS = {

@@ -184,7 +184,7 @@ WORKFLOW_FILES = ["Snakefile", "config.yaml", "rules", "scripts", "schemas", "en
 FAST = {  # the demo, shrunk so that a whole run takes a few minutes on 2 cores
     # a target trained long enough to be sure of some tokens at temperature 1 (the sampled checks need
     # it), on contexts as long as the evaluation's: with 160 steps of 128 tokens vLLM's sampled
-    # acceptance read 0.05-0.15 below the offline law at position 1 in 13 of 16 runs (docs/PITFALLS.md)
+    # acceptance read 0.05-0.15 below the offline law at position 1 in 13 of 16 runs (docs/VLLM.md)
     "demo_target": {"steps": 200, "batch_size": 8, "seq_len": 256},
     "generate": {"max_tokens": 64},
     "hidden_states": {"num_shards": 3},

@@ -1,4 +1,4 @@
-"""A tiny target packaged as Kimi-K2.5 ships (docs/PITFALLS.md, "Kimi-K2.5 as it ships"): the
+"""A tiny target packaged as Kimi-K2.5 ships (docs/KIMI.md): the
 random tiny DeepSeek-V3 of tests/tiny_deepseek.py with YaRN rope scaling, packaged by the Kimi-shaped
 demo target's own code (eaglenest.demo.kimi.package_as_kimi): a `kimi_k25` wrapper config, the
 `language_model.` prefix, a complete tiny vision tower and projector, two safetensors files.

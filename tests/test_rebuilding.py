@@ -112,7 +112,7 @@ def test_readme_force_a_stage_and_everything_downstream(workdir):
     assert set(plan) == {"hidden_states", "hidden_states_manifest"} | DOWNSTREAM_OF_TRAINING | NEW_STATES
     assert plan["hidden_states"] == NUM_SHARDS
     before, shards = mtimes(workdir), shard_files(workdir)
-    # the target first: -R takes every word after it as a rule (docs/PITFALLS.md, Snakemake)
+    # the target first: -R takes every word after it as a rule (docs/SNAKEMAKE.md)
     assert jobs_run(snakemake(workdir, MANIFEST, "-R", "hidden_states")) == {"hidden_states": NUM_SHARDS,
                                                                               "hidden_states_manifest": 1}
     assert results_changed(before, mtimes(workdir)) == {path for name in shards

@@ -1,4 +1,4 @@
-"""Answer ids and the held-out split by prompt (docs/CONVENTIONS.md, "Answer ids"): every answer of
+"""Answer ids and the held-out split by prompt (docs/TOKENIZATION.md, "Answer ids"): every answer of
 a prompt is on the side of its prompt, and the heldout suite asks each held-out prompt once."""
 
 import json

@@ -1,4 +1,4 @@
-"""token_freq and the draft vocabulary, as docs/CONVENTIONS.md ("Draft vocabulary") defines them."""
+"""token_freq and the draft vocabulary, as docs/TOKENIZATION.md ("Draft vocabulary") defines them."""
 
 import json
 

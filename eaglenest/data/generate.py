@@ -85,7 +85,7 @@ def answers(prompt_id, temperatures, samples_per_prompt):
     """[(answer id, temperature)] of one prompt: one answer at temperature 0 (greedy answers are
     all the same), samples_per_prompt at each temperature above it, in that order. A prompt with one
     answer keeps its id, so one temperature writes the records one answer per prompt always wrote;
-    otherwise answer j is `{prompt id}#{j}` (docs/CONVENTIONS.md "Answer ids", read back by
+    otherwise answer j is `{prompt id}#{j}` (docs/TOKENIZATION.md "Answer ids", read back by
     eaglenest.data.samples.prompt_id_of)."""
     plan = [float(t) for t in temperatures for _ in range(samples_per_prompt if t > 0 else 1)]
     if len(plan) == 1:

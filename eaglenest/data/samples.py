@@ -14,7 +14,7 @@ def read_tokenized(path):
 
 def prompt_id_of(sample_id):
     """The prompt a sample answers: the id before its last '#' when only digits follow it (an
-    answer id, `{prompt id}#{j}`, docs/CONVENTIONS.md "Answer ids"), else the id itself."""
+    answer id, `{prompt id}#{j}`, docs/TOKENIZATION.md "Answer ids"), else the id itself."""
     prompt_id, sep, index = str(sample_id).rpartition("#")
     return prompt_id if sep and re.fullmatch("[0-9]+", index) else str(sample_id)
 

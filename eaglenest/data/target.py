@@ -2,7 +2,7 @@
 loading the model. The one reader of the target's config (text part, rope, architectures).
 
 A target is either a plain causal LM or a multimodal wrapper around one, as Kimi-K2.5 ships
-(docs/PITFALLS.md, "Kimi-K2.5 as it ships"): the text model's config is the wrapper's
+(docs/KIMI.md): the text model's config is the wrapper's
 `text_config`, and its tensors carry a prefix (`language_model.`) next to the vision tensors."""
 
 import json

@@ -1,4 +1,4 @@
-"""Faithful tokenization: the token stream the target really saw and emitted (docs/CONVENTIONS.md,
+"""Faithful tokenization: the token stream the target really saw and emitted (docs/TOKENIZATION.md,
 "Token stream").
 
 input_ids = rendered prompt (chat template, add_generation_prompt=True, the template kwargs used

@@ -2,8 +2,8 @@
 
 Its own module because two stages use it: generate (what the target is asked) and tokenize
 (the stream it is trained on); editing how records are read concerns only the latter.
-What the stream must be: docs/CONVENTIONS.md, "Token stream". Why plain text needs a route of its
-own, chosen by what the tokenizer is: docs/PITFALLS.md, "Kimi-K2.5 as it ships".
+What the stream must be: docs/TOKENIZATION.md, "Token stream". Why plain text needs a route of its
+own, chosen by what the tokenizer is: docs/KIMI.md, "Tokenizer".
 """
 
 import copy

@@ -1,4 +1,4 @@
-"""Token frequencies and the draft vocabulary (docs/CONVENTIONS.md, "Draft vocabulary").
+"""Token frequencies and the draft vocabulary (docs/TOKENIZATION.md, "Draft vocabulary").
 
 d2t is an OFFSET table: target_id = i + d2t[i] (what vLLM, SGLang, speculators and EAGLE use);
 t2d is a bool mask over the target vocabulary with exactly N true entries.

@@ -1,6 +1,6 @@
 """The Kimi-shaped demo target (config `demo_target.architecture: kimi_k25`): a tiny DeepSeek-V3
 with Kimi's kind of tokenizer, pre-trained on the demo chats as the Llama demo target is, and
-packaged as Kimi-K2.5 ships (docs/PITFALLS.md, "Kimi-K2.5 as it ships"), so that every stage,
+packaged as Kimi-K2.5 ships (docs/KIMI.md), so that every stage,
 vLLM included, reads it through the wrapper the real target has.
 
 The text model. MLA attention with the geometry vLLM's CPU MLA needs (kv_lora_rank 512,

@@ -1,4 +1,4 @@
-"""A remote-code tokenizer of Kimi-K2.5's kind (docs/PITFALLS.md, "Kimi-K2.5 as it ships"), for
+"""A remote-code tokenizer of Kimi-K2.5's kind (docs/KIMI.md, "Tokenizer"), for
 the Kimi-shaped demo target (eaglenest.demo.kimi) and the tests that hold eaglenest's Tokenizer
 against the tokenizer the real target uses.
 

@@ -4,7 +4,7 @@ It stands in for Kimi-K2.5 so the whole workflow (generation in vLLM, hidden sta
 training, acceptance in vLLM) runs on a laptop. It keeps what matters for tokenization bugs:
 Kimi's special tokens, each one id, placed after the ordinary vocabulary like Kimi's, and a chat
 template that drops the reasoning of earlier assistant turns. Its geometry (head_dim 64, 8
-layers) is the smallest that vLLM's CPU build and EAGLE-3 there accept (docs/PITFALLS.md, "vLLM on
+layers) is the smallest that vLLM's CPU build and EAGLE-3 there accept (docs/VLLM.md, "vLLM on
 CPU").
 
 Only workflow plumbing (atomic writes, the JSONL reader) is imported from this package, so editing

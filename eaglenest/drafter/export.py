@@ -1,5 +1,5 @@
 """Drafter checkpoints: write the speculators format, and the same drafter in the EAGLE/SGLang
-format (reading either: eaglenest.drafter.load; docs/CONVENTIONS.md, "Export formats"). An mla
+format (reading either: eaglenest.drafter.load; docs/EXPORT.md). An mla
 drafter is written in the one format vLLM 0.32 serves it from, a DeepSeek-V2 config naming
 `Eagle3DeepseekV2ForCausalLM` (mla_config); it has no EAGLE/SGLang form (export_eagle).
 

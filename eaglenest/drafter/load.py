@@ -1,5 +1,5 @@
 """Reading drafter checkpoints in either format vLLM loads: speculators (what training writes)
-or EAGLE/SGLang (docs/CONVENTIONS.md, "Export formats"). Defaults follow vLLM's for each format."""
+or EAGLE/SGLang (docs/EXPORT.md). Defaults follow vLLM's for each format."""
 
 import json
 from pathlib import Path

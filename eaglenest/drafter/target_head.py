@@ -45,7 +45,7 @@ class TargetHead:
         the dtype is the target's, whatever the drafter trains under. Ties (two tokens of equal
         bf16 logit) go to the lowest id, as torch.argmax and vLLM's greedy sampling pick: in_vocab
         is False when the lowest maximal id is not a draft token, even if a higher tied one is
-        (docs/CONVENTIONS.md, "Drafter")."""
+        (docs/TRAINING.md, "The drafter")."""
         B, T, _ = final_hidden.shape
         probs, in_vocab = [], []
         with torch.autocast(final_hidden.device.type, enabled=False):

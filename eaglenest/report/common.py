@@ -101,7 +101,7 @@ def duration(seconds):
 
 
 def size(n):
-    """Bytes as units.size writes them (decimal units, docs/CONVENTIONS.md); a dash for none."""
+    """Bytes as units.size writes them (decimal units, docs/ARCHITECTURE.md "Units for people"); a dash for none."""
     return DASH if n is None else units.size(n)
 
 

@@ -1,4 +1,4 @@
-"""Which hidden states the shards keep, in which convention (docs/CONVENTIONS.md, "Hidden states").
+"""Which hidden states the shards keep, in which convention (docs/HIDDEN_STATES.md, "Which states").
 
   aux states   the residual stream ENTERING each aux layer k (vLLM's convention, = HF
                hidden_states[k]), concatenated [T, 3H];

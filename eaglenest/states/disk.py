@@ -5,7 +5,7 @@ shards still to write, instead of failing hours later on a full disk with a half
 It sizes them with the plan's arithmetic (shards.shard_bytes) from the samples and tokens that
 shard_samples recorded per part (parts.SIZES), not from plan.json: an input edge from the plan
 would either re-extract every shard whenever the plan changes, or, through ancient(), make
-Snakemake 9 skip missing shards in the run that remakes the plan (docs/PITFALLS.md)."""
+Snakemake 9 skip missing shards in the run that remakes the plan (docs/SNAKEMAKE.md)."""
 
 import json
 import shutil

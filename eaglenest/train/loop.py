@@ -1,5 +1,5 @@
 """The training loop: an EAGLE-3 drafter trained on packed hidden-state shards with
-training-time test (TTT; the loss: eaglenest.train.loss, docs/CONVENTIONS.md "Drafter").
+training-time test (TTT; the loss: eaglenest.train.loss, docs/TRAINING.md "The drafter").
 
 Batches go by token budget (eaglenest.train.batches): micro-batches of similar lengths within
 train.max_tokens_per_batch padded tokens, and an optimizer step accumulates the gradients of

@@ -1,4 +1,4 @@
-"""The training-time-test loss (docs/CONVENTIONS.md, "Drafter").
+"""The training-time-test loss (docs/TRAINING.md, "The drafter").
 
 Per position p the target's distribution over the next token is
 softmax(lm_head(norm(final_hidden_state[p])) / temperature) restricted to the draft vocab (t2d)

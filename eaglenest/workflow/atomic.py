@@ -75,7 +75,7 @@ def save_torch(path, obj):
     """torch.save, atomically, with the same bytes for the same `obj` whatever the path.
 
     Given a path, torch.save names the archive's records after the file, here a random
-    temporary name; given an open file it names them "archive" (docs/PITFALLS.md).
+    temporary name; given an open file it names them "archive" (docs/REBUILDING.md, "The same bytes on a rebuild").
     """
     import torch
 

@@ -1,6 +1,6 @@
 # Environment for the SM120 container (8 PCIe RTX PRO 6000 Blackwell GPUs):
 #   source profiles/blackwell/env.sh && snakemake --profile blackwell
-# From docs/PITFALLS.md ("Blackwell (SM120) GPUs") and docs/GPUS.md; each line says why.
+# From docs/CONTAINER.md ("The SM120 stack") and docs/GPUS.md; each line says why.
 
 # GPU leases (eaglenest/workflow/gpu_lease.py): the devices Snakemake's jobs share, and the lock files.
 export EAGLENEST_GPU_IDS="${EAGLENEST_GPU_IDS:-0,1,2,3,4,5,6,7}"
