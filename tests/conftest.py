@@ -164,7 +164,9 @@ KIMI_PROMPTS = 160  # of the demo's 2,000, answered greedily: 16 held out
 KIMI_CI = {  # configs/kimi.yaml, shrunk: the Kimi-packaged MLA target end to end, its drafter served in vLLM
     "demo_target": {"steps": 60, "seq_len": 128},
     "generate": {"max_tokens": 48, "num_parts": 2, "temperatures": [0.0]},
-    "hidden_states": {"backend": "hf", "num_shards": 2},  # vLLM's extraction on the wrapper: test_hidden_states_vllm.py
+    # the configured vllm backend, as served: with HF's states (bfloat16, MoE) one CI run's check failed on
+    # the drafts both texts share (vLLM 0.53 / 0.40 / 0.34 against 0.52 / 0.49 / 0.24 on 102)
+    "hidden_states": {"num_shards": 2},
     "train": {"epochs": 2},
     "eval": {"suites": [], "temperatures": [0.0], "num_speculative_tokens": [3], "concurrency": [4],
              "max_tokens": 32, "max_prompts": 8},

@@ -229,6 +229,7 @@ def test_the_sampled_tolerance_takes_vllms_own_spread_by_prompt_where_it_kept_ea
     the replay's sample does not, and the gap's standard error takes vLLM's where it is known."""
     from eaglenest.evaluate.agreement import tolerance
     offline = {"acceptance_rate_per_position": [0.5, 0.1], "standard_error_per_position": [0.01, 0.002],
+               "indicator_standard_error_per_position": [0.006, 0.0017],
                "expected_standard_error_per_position": [0.008, 0.001]}
     online = {"num_drafts": 400, "acceptance_rate_per_position": [0.5, 0.1]}
     per_request = {"drafts": [100, 100, 100, 100], "accepted_per_position": [[50, 40], [50, 0], [50, 0], [50, 0]]}
@@ -238,3 +239,7 @@ def test_the_sampled_tolerance_takes_vllms_own_spread_by_prompt_where_it_kept_ea
         3 * math.sqrt(0.1 * 0.9 / 400))  # without them: the binomial floor over the indicator's 0.002
     assert tolerance(offline, 1.0, online, agreement_tolerance=0.05, z=3, per_request=per_request) == pytest.approx(
         [3 * math.sqrt(0.5 * 0.5 / 400), 3 * math.hypot(own, 0.001)])
+    none = {"drafts": [20, 20], "accepted_per_position": [[0, 0], [0, 0]]}  # a few drafts, none accepted
+    assert tolerance(offline, 1.0, {"num_drafts": 40, "acceptance_rate_per_position": [0.0, 0.0]},
+                     agreement_tolerance=0.05, z=3, per_request=none) == pytest.approx(
+        [3 * math.hypot(0.006, 0.008), 3 * math.hypot(0.0017, 0.001)])  # the replay's law, not vLLM's zero spread

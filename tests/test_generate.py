@@ -113,7 +113,7 @@ def test_the_built_run_learns_from_exactly_what_the_target_emitted(built):
                                                                for j, t in enumerate([0.0, 1.0])]
     for record in records:
         assert record["messages"] == prompts[prompt_id_of(record["id"])]
-        assert record["prompt_token_ids"] == tokenizer.prompt(record["messages"])
+        assert record["prompt_token_ids"] == tokenizer.prompt(record["messages"], record.get("tools"))
         completion = record["completion_token_ids"]
         assert (completion[-1] == tokenizer.end_of_turn) == (record["finish_reason"] == "stop")
         assert tokenizer.end_of_turn not in completion[:-1]  # it stopped where the model ended its turn

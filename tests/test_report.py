@@ -278,7 +278,7 @@ def test_the_acceptance_table_has_every_run_and_the_method_and_k_to_serve_with(t
             "400 600 1.50x") in page
     # sampled: z standard errors; a method's runs beside the other's, each under its own ceiling
     assert "chat 1 greedy 1 4 8 0.375 1.38 0.600 0.62 0.375 0.500 0.175 0.125 yes — 1,600 640 0.40x" in page
-    assert "chat 1 probabilistic 1 4 8 0.625 1.62 0.800 0.78 0.750 0.175 0.125 yes — 1,600 880 0.55x" in page
+    assert "chat 1 probabilistic 1 4 8 0.625 1.62 0.800 0.78 0.625 0.750 0.175 0.125 yes — 1,600 880 0.55x" in page
     assert "heldout 0 1 greedy, K = 3 1.50x" in page and "heldout 1 4 probabilistic, K = 3 1.15x" in page
     assert "chat 1 1 no drafter: does not pay (best: probabilistic, K = 3) 0.95x" in page
     assert "Offline and vLLM agree in 24 of 24 runs" in page and "suites heldout (4 prompts), chat (3 prompts)" in page

@@ -8,6 +8,7 @@ the target model."""
 
 import dataclasses
 import json
+import math
 import os
 import re
 import shutil
@@ -29,6 +30,7 @@ from eaglenest.drafter.target_head import TargetHead
 from eaglenest.data.tokenizer import load_tokenizer, special_token_id
 from eaglenest.evaluate.agreement import evaluate_vllm
 from eaglenest.evaluate.agreement_states import AgreementStates, agreement_layer_ids, reference_samples
+from eaglenest.evaluate.expected import ratio_standard_error
 from eaglenest.evaluate.greedy_identity import judge, logit_tolerance
 from eaglenest.evaluate.online import greedy_divergences
 from eaglenest.states.convention import resolve_aux_layer_ids
@@ -146,8 +148,16 @@ def test_every_run_is_recorded_and_its_figures_hold_together(built, evaluation):
             assert "greedy_text_unchanged" not in run
             z = metrics["agreement"]["z"]
             floors = [(a * (1 - a) / run["num_drafts"]) ** 0.5 for a in run["acceptance_rate_per_position"]]  # binomial
-            assert run["tolerance_per_position"] == pytest.approx(
-                [z * max(se, floor) for se, floor in zip(offline["standard_error_per_position"], floors)])
+            spec = json.loads((built / f"results/eval/vllm_speculative/{run['draft_sample_method']}/K{K}.json").read_text())
+            counts = next(r["per_request"] for r in spec["runs"]
+                          if (r["suite"], r["temperature"], r["concurrency"]) == key)  # vLLM's own, by request
+            assert sum(counts["drafts"]) == run["num_drafts"]
+            assert [sum(a[k] for a in counts["accepted_per_position"]) for k in range(K)] == per_position
+            own = [ratio_standard_error([a[k] for a in counts["accepted_per_position"]], counts["drafts"])
+                   for k in range(K)]  # vLLM's sample's spread, never below the replay's indicator's
+            errors = [math.hypot(max(o, i), e) for o, i, e in zip(own, offline["indicator_standard_error_per_position"],
+                                                                  offline["expected_standard_error_per_position"])]
+            assert run["tolerance_per_position"] == pytest.approx([z * max(se, f) for se, f in zip(errors, floors)])
     assert metrics["agreement"]["sampled_comparisons"] == sum(k for _, k in ENGINES) * len(SUITES) * len(CONCURRENCY)
     # probabilistic drafting: the same drafter, the same text, above greedy's ceiling at position 1
     # wherever its distribution is near the target's (the demo's: 0.84 against 0.65 held out)

@@ -209,7 +209,7 @@ def test_a_bad_suite_file_fails_its_prompts_with_file_line_field(workdir):
     edit_config(workdir, {"eval": {"suites": [{"name": "mine", "prompts": "resources/my_suite.jsonl"}]}})
     result = snakemake(workdir, "results/eval/prompts/mine.jsonl", check=False)
     message = (r"my_suite\.jsonl:2: field 'messages\[1\]\.role': 'robot' is no role the chat template takes "
-               r"\(system, user, assistant\)")
+               r"\(system, user, assistant, tool\)")
     assert result.returncode != 0 and re.search(message, (workdir / "results/logs/eval_prompts/mine.log").read_text())
     assert not (workdir / "results/eval/prompts/mine.jsonl").exists()
     edit_config(workdir, {"eval": {"suites": [{"name": "heldout", "prompts": "resources/my_suite.jsonl"}]}})

@@ -166,7 +166,8 @@ def tolerance(offline, temperature, online, *, agreement_tolerance, z, per_reque
     """Per position: eval.agreement_tolerance at temperature 0 (replaying greedy text is exact but
     for float rounding), else `z` standard errors of the gap (eaglenest.evaluate.expected). vLLM's
     share of it is its own sample's by-prompt spread where the run kept each request's counts
-    (`per_request`: acceptance.request_counts), else the replay's indicator, which stands for it;
+    (`per_request`: acceptance.request_counts), never below the replay's indicator's, which stands
+    for it (a sample of a few drafts may accept none, and spread by nothing);
     each at least the binomial one of vLLM's own rate over its drafts: where the replay accepts
     next to nothing its standard error is next to 0, while vLLM's counter, a sample, may still hold
     a few (a weak drafter at a deep position: 2 of 239 against an expected 0.1). vLLM's own spread
@@ -177,7 +178,9 @@ def tolerance(offline, temperature, online, *, agreement_tolerance, z, per_reque
     if per_request:
         own = [ratio_standard_error([a[k] for a in per_request["accepted_per_position"]], per_request["drafts"])
                for k in range(len(offline["acceptance_rate_per_position"]))]
-        errors = [math.hypot(se, expected) for se, expected in zip(own, offline["expected_standard_error_per_position"])]
+        errors = [math.hypot(max(se, indicator), expected)  # never below the indicator's: a few drafts may all miss
+                  for se, indicator, expected in zip(own, offline["indicator_standard_error_per_position"],
+                                                     offline["expected_standard_error_per_position"])]
     else:
         errors = offline["standard_error_per_position"]
     drafts = max(online["num_drafts"], 1)

@@ -244,9 +244,10 @@ def estimate(counts, K):
     per_position = [sum(column) for column in expected]
     fields = acceptance_fields(sum(drafts), sum(drafts) * K, sum(per_position), per_position)
     fields["indicator_rate_per_position"] = [sum(column) / max(sum(drafts), 1) for column in indicator]
+    fields["indicator_standard_error_per_position"] = [ratio_standard_error(indicator[k], drafts) for k in range(K)]
     fields["expected_standard_error_per_position"] = [ratio_standard_error(expected[k], drafts) for k in range(K)]
     fields["standard_error_per_position"] = [
-        math.hypot(ratio_standard_error(indicator[k], drafts), fields["expected_standard_error_per_position"][k])
+        math.hypot(fields["indicator_standard_error_per_position"][k], fields["expected_standard_error_per_position"][k])
         for k in range(K)]
     return fields
 
