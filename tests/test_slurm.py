@@ -209,9 +209,16 @@ def hang(slurm, job):
     """SIGSTOP every process of `job` (scontrol listpids), until it has no other. Only those whose
     environment names the job: on this shared machine a run of the suite once stopped processes of
     other sessions (tool shells, other runs) and the cluster's own daemons, all listed as the job's."""
-    stopped = set()
+    stopped, deadline = set(), time.monotonic() + 60
     while True:
-        pids = {int(line.split()[0]) for line in slurm.run("scontrol", "listpids", job).splitlines()[1:]}
+        try:
+            listed = slurm.run("scontrol", "listpids", job)
+        except RuntimeError:  # "does not exist on node": its step not launched there yet, or over
+            if stopped or time.monotonic() > deadline:
+                raise
+            time.sleep(0.1)
+            continue
+        pids = {int(line.split()[0]) for line in listed.splitlines()[1:]}
         pids = {pid for pid in pids if job_environment(pid, job)}
         if stopped and pids <= stopped:
             return
