@@ -24,8 +24,8 @@ def generate_with(llm, prompts, *, stop_token_ids, max_tokens, temperature=0.0, 
     and return a dict: token_ids (generated ids per prompt, the end-of-turn token included when it
     stopped there), finish_reasons ("stop" | "length"), counters (vLLM's spec-decode counters
     since the engine started, {} without a drafter), accepted_per_step and drafted_per_step (per
-    request, where the engine keeps per_request_spec_decode_metrics "detailed"), generate_s (wall time of this generation),
-    generated_tokens, tokens_per_s and vllm_version.
+    request, where the engine keeps per_request_spec_decode_metrics "detailed"), generate_s (wall
+    time of this generation), generated_tokens, tokens_per_s and vllm_version.
 
     stop_token_ids: where a completion ends (the end-of-turn id), given explicitly so that it does
     not depend on the target's generation_config.json. temperature: one, or a list of one per prompt.

@@ -167,8 +167,8 @@ def tolerance(offline, temperature, online, *, agreement_tolerance, z, per_reque
     for float rounding), else `z` standard errors of the gap (eaglenest.evaluate.expected). vLLM's
     share of it is its own sample's by-prompt spread where the run kept each request's counts
     (`per_request`: acceptance.request_counts), never below the replay's indicator's, which stands
-    for it (a sample of a few drafts may accept none, and spread by nothing);
-    each at least the binomial one of vLLM's own rate over its drafts: where the replay accepts
+    for it (a sample of a few drafts may accept none, and spread by nothing); each at least the
+    binomial one of vLLM's own rate over its drafts: where the replay accepts
     next to nothing its standard error is next to 0, while vLLM's counter, a sample, may still hold
     a few (a weak drafter at a deep position: 2 of 239 against an expected 0.1). vLLM's own spread
     counts where answers fall into loops: a few looping samples carry most of a deep position's
