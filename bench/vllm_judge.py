@@ -33,7 +33,7 @@ def baseline(config, temperature=0.0, *, out, demo=DEMO, max_prompts=None):
     if not outputs.exists():
         vllm_baseline([prompts], demo / "target", out / f"baseline{suffix(temperature)}.json", outputs,
                       suites=["heldout"], temperatures=[temperature], concurrency=[CONCURRENCY],
-                      max_tokens=MAX_TOKENS, extra_tokens=K, seed=0, vllm=config["vllm"], trust_remote_code=False,
+                      max_tokens=MAX_TOKENS, seed=0, vllm=config["vllm"], trust_remote_code=False,
                       end_of_turn=config["tokenize"]["end_of_turn"])
     return prompts, outputs
 

@@ -100,7 +100,6 @@ rule vllm_baseline:
     params:
         **VLLM_RUN_PARAMS,
         temperatures=config["eval"]["temperatures"],
-        extra_tokens=max(SPECULATIVE_TOKENS),  # the offline side's text past max_tokens (eaglenest/evaluate/online.py)
         code=code("vllm_baseline"),
     benchmark:
         f"{BENCHMARKS}/vllm_baseline.tsv"

@@ -15,7 +15,6 @@ if __name__ == "__main__":  # vLLM starts worker processes that import this file
         concurrency=snakemake.params.concurrency,
         latency_prompts=snakemake.params.latency_prompts,
         max_tokens=snakemake.params.max_tokens,
-        extra_tokens=snakemake.params.extra_tokens,
         seed=snakemake.params.seed,
         vllm=snakemake.config["vllm"],
         trust_remote_code=snakemake.params.trust_remote_code,

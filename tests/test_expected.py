@@ -8,6 +8,7 @@ import random
 import pytest
 import torch
 
+from eaglenest.evaluate.acceptance import draft_anchors, served_positions
 from eaglenest.evaluate.expected import (estimate, family_z, greedy_terms, ratio_standard_error, replay, sample_counts,
                                          sample_seed, sampled_terms)
 
@@ -149,8 +150,9 @@ def test_the_expected_acceptance_agrees_with_a_simulated_rejection_sampler():
 
 def test_replay_weighs_the_last_step_by_its_acceptance_and_sample_counts_follow_the_served_anchors():
     """Greedy weights (the drafts equal the text or not) at anchors 0..4: drafts at 0 accept 2 (next
-    draft at 3), at 3 accept 0 (next at 4); the expected count weighs depth k by the shallower
-    weights and its own acceptance."""
+    draft at 3), at 3 accept 0 (next at 4), whose deepest guess, x_7, is past the 7 served tokens:
+    not counted, as vLLM's steps past its text are not (acceptance.steps_on_text). The expected
+    count weighs depth k by the shallower weights and its own acceptance."""
     generated = torch.ones(8, dtype=torch.bool)
     weights = torch.tensor([[1, 1, 0, 0, 0, 0, 0, 0], [1, 0, 0, 0, 0, 0, 0, 0]], dtype=torch.float)
     acceptance = torch.tensor([[0.9, 0.8, 0.1, 0.2, 0.3, 0, 0, 0], [0.7, 0.1, 0.1, 0.1, 0.5, 0, 0, 0]])
@@ -158,11 +160,11 @@ def test_replay_weighs_the_last_step_by_its_acceptance_and_sample_counts_follow_
     assert anchors.tolist() == [True] * 5 + [False] * 3  # x_{t+1} served and not the last (x_6)
     assert matched.tolist() == [[True, True] + [False] * 6, [True] + [False] * 7]
     drafts, indicator, expected_counts = sample_counts(anchors, matched, expected, 2)
-    assert drafts == 3  # at 0, 3, 4
+    assert drafts == 2  # at 0 and 3
     assert indicator == [1, 1]
     # depth 1: its acceptance at every drafted anchor; depth 2: where depth 1 matched the text
-    assert expected_counts == pytest.approx([0.9 + 0.2 + 0.3, 0.7])
-    assert sample_counts(anchors, matched, None, 2) == (3, [1, 1], [1, 1])
+    assert expected_counts == pytest.approx([0.9 + 0.2, 0.7])
+    assert sample_counts(anchors, matched, None, 2) == (2, [1, 1], [1, 1])
     assert sample_counts(anchors, matched, expected, 1)[0] == 4  # K=1: the draft at 0 accepts 1, next at 2
     # fractional weights: the expected count is their product times the last acceptance, whatever was drawn
     _, _, halves = replay(generated, 7, weights * 0.5, acceptance)
@@ -243,3 +245,23 @@ def test_the_sampled_tolerance_takes_vllms_own_spread_by_prompt_where_it_kept_ea
     assert tolerance(offline, 1.0, {"num_drafts": 40, "acceptance_rate_per_position": [0.0, 0.0]},
                      agreement_tolerance=0.05, z=3, per_request=none) == pytest.approx(
         [3 * math.hypot(0.006, 0.008), 3 * math.hypot(0.0017, 0.001)])  # the replay's law, not vLLM's zero spread
+
+
+def test_rounding_decides_the_drafts_whose_outcome_through_a_depth_the_float32_replay_does_not_share():
+    """At temperature 0 in bfloat16 the replay counts, at each depth, the served drafts whose accepted
+    tokens through it differ from the float32 replay's: vLLM, rounding with kernels of its own, may
+    decide them either way, and the tolerance widens by their share."""
+    from eaglenest.evaluate.agreement import rounding_decided, tolerance
+    generated = torch.tensor([False] * 2 + [True] * 10)
+    anchors = draft_anchors(generated[None])[0]  # anchors 1 .. 9
+    lengths = torch.zeros(12, dtype=torch.long)
+    lengths[[1, 3, 6, 8]] = torch.tensor([1, 2, 1, 3])  # served walk: 1, 3, 6, 8
+    exact_lengths = lengths.clone()
+    exact_lengths[[3, 6, 9]] = torch.tensor([1, 3, 2])  # 3 differs from depth 2 on, 6 from depth 2; 9 is not served
+    matched = torch.stack([lengths > k for k in range(3)])
+    exact = torch.stack([exact_lengths > k for k in range(3)])
+    assert served_positions(anchors.tolist(), lengths.tolist()) == [1, 3, 6, 8]
+    assert rounding_decided((anchors, matched, None), exact, 3) == [0, 2, 2]
+    assert rounding_decided((anchors, matched, None), matched, 3) == [0, 0, 0]  # float32 against itself
+    offline = {"acceptance_rate_per_position": [0.8, 0.5, 0.2], "rounding_decided_per_position": [0.0, 0.5, 0.5]}
+    assert tolerance(offline, 0.0, None, agreement_tolerance=0.05, z=3) == [0.05, 0.55, 0.55]

@@ -11,6 +11,7 @@ the other way, the rope read without its YaRN, ...) draft visibly otherwise.
 """
 
 import json
+import math
 import os
 import subprocess
 import sys
@@ -26,7 +27,7 @@ from eaglenest.data.target import target_architectures
 from eaglenest.drafter.export import write_drafter
 from eaglenest.drafter.load import load_drafter, read_checkpoint
 from eaglenest.drafter.model import Drafter, DrafterConfig
-from eaglenest.evaluate.acceptance import common_served, common_text_counters
+from eaglenest.evaluate.acceptance import common_text_counters
 from eaglenest.evaluate.agreement import misreadings, online_acceptance
 from eaglenest.evaluate.expected import chain_outcomes, estimate, sample_counts
 
@@ -127,13 +128,13 @@ def offline(drafter, model, prompts, token_ids, served=None):
 def test_the_drafts_before_a_text_leaves_are_counted_alike_in_vllm_and_offline(served):
     """The agreement check on an engine that is not bit-exact compares only the drafts made before a
     run's text leaves the replayed one: vLLM's per-request steps cut at a token, and the offline
-    replay served up to common_served() of it, count the same drafts."""
+    replay served up to it, count the same drafts: those whose guesses all fall before it."""
     model, prompts, out, result = served
-    every_step = common_text_counters(result["accepted_per_step"], result["drafted_per_step"], [None] * PROMPTS, K)
+    every_step = common_text_counters(result["accepted_per_step"], result["drafted_per_step"], [math.inf] * PROMPTS, K)
     assert every_step == {key: result["counters"][key] for key in every_step}  # every step, as vLLM's own counters
     cut_at = [10 + 3 * i for i in range(PROMPTS)]  # as if each text left the replayed one there
     vllm = online_acceptance(common_text_counters(result["accepted_per_step"], result["drafted_per_step"], cut_at, K))
-    ours = offline(load_drafter(out), model, prompts, result["token_ids"], [common_served(d, K) for d in cut_at])
+    ours = offline(load_drafter(out), model, prompts, result["token_ids"], cut_at)
     print(f"vLLM {vllm}, ours {ours}")
     assert abs(vllm["num_drafts"] - ours["num_drafts"]) <= 1  # one near-tie may move one step
     assert vllm["num_drafts"] < online_acceptance(result["counters"])["num_drafts"]
@@ -145,7 +146,9 @@ def test_vllm_serves_the_mla_drafter_as_our_model_drafts_it(served):
     model, prompts, out, result = served
     drafter = load_drafter(out)  # the export read back: bfloat16 weights, in float32
     assert read_checkpoint(out)[0] == drafter.config and drafter.config.layer == "mla"
-    vllm = online_acceptance(result["counters"])["acceptance_rate_per_position"]
+    on_text = [len(text) for text in result["token_ids"]]  # the drafts whose guesses all fall on the text
+    vllm = online_acceptance(common_text_counters(result["accepted_per_step"], result["drafted_per_step"], on_text,
+                                                  K))["acceptance_rate_per_position"]
     ours = offline(drafter, model, prompts, result["token_ids"])["acceptance_rate_per_position"]
     print(f"vLLM {vllm}, ours {ours}")
     misread = {description: offline(variant, model, prompts, result["token_ids"])["acceptance_rate_per_position"]

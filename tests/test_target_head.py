@@ -15,8 +15,9 @@ from eaglenest.data.vocab import count_tokens, draft_maps, select_draft_vocab
 from eaglenest.drafter.export import write_drafter
 from eaglenest.drafter.load import load_drafter
 from eaglenest.drafter.model import Drafter, DrafterConfig, cached_attend, ttt_attention
-from eaglenest.evaluate.acceptance import acceptance, accepted_lengths, chain_drafts, served_anchors
-from eaglenest.evaluate.agreement import load_drafter_copy, misreadings, offline_estimates, trained_drafter
+from eaglenest.evaluate.acceptance import acceptance, accepted_lengths, chain_drafts, served_anchors, served_positions
+from eaglenest.evaluate.agreement import (as_served, load_drafter_copy, misreadings, offline_estimates, tolerance,
+                                          trained_drafter)
 from eaglenest.evaluate.agreement_states import AgreementStates, extract_agreement_states
 from eaglenest.evaluate.expected import ceiling_outcomes, estimate, sample_counts, sample_seed
 from eaglenest.states.hf import extract_shard
@@ -263,6 +264,12 @@ def test_chunked_drafting_drafts_and_accepts_what_the_ttt_forward_does(data, chu
     assert (want[anchors] >= 1).all() and anchors.sum() == T - 3
 
 
+def on_text(anchors):
+    """Per anchor t: whether its deepest guess, x_{t+K+1}, falls on the served text (anchor t+K-1 is
+    one): the drafts the agreement check counts (expected.sample_counts)."""
+    return [t + K - 1 < len(anchors) and anchors[t + K - 1] for t in range(len(anchors))]
+
+
 def test_the_agreement_checks_offline_side_runs_on_bf16_states(data, trained, tmp_path):
     """offline_estimates on bf16 agreement states of the bf16 target equals the whole-sample TTT
     forward's acceptance on the same states at temperature 0, and gives probabilities above it
@@ -286,7 +293,7 @@ def test_the_agreement_checks_offline_side_runs_on_bf16_states(data, trained, tm
         batch = {"input_ids": sample["input_ids"][None], "loss_mask": sample["loss_mask"][None],
                  "aux_hidden_states": sample["aux_hidden_states"][:, states.columns(AUX)][None].float()}
         anchors, lengths = accepted_lengths(drafter, batch, K)
-        drafted += served_anchors(anchors[0].tolist(), lengths[0].tolist())
+        drafted += served_anchors(anchors[0].tolist(), lengths[0].tolist(), on_text(anchors[0].tolist()))
     reference = acceptance(drafted, K)
     (offline,) = offline_estimates(states, greedy, [(drafter, AUX)], [K], temperature=0.0, max_tokens=64, head=None,
                                    device="cpu")
@@ -310,3 +317,25 @@ def test_the_agreement_checks_offline_side_runs_on_bf16_states(data, trained, tm
                                   temperature=0.0, max_tokens=64, head=None, device="cpu")
     assert len(estimates) == len(variants) >= 3 and all(len(e[K]["acceptance_rate_per_position"]) == K for e in estimates)
     assert torch.equal(drafter.d2t, data["d2t"])
+    # a bfloat16 engine: the replay computes the drafter as vLLM does, in the engine's dtype, and counts
+    # the drafts whose outcome through depth k that rounding decides (the float32 replay's differs:
+    # rounding_decided's counting is test_expected's)
+    assert as_served(drafter, torch.float32) is drafter
+    served = as_served(drafter, torch.bfloat16)
+    assert served.fc.weight.dtype == torch.bfloat16 and torch.equal(served.d2t, drafter.d2t)
+    (rounded,) = offline_estimates(states, greedy, [(served, AUX)], [K], temperature=0.0, max_tokens=64, head=None,
+                                   device="cpu", exact=drafter)
+    decided, drafts = [0] * K, 0
+    for i in greedy:
+        sample = states[i]
+        batch = {"input_ids": sample["input_ids"][None], "loss_mask": sample["loss_mask"][None],
+                 "aux_hidden_states": sample["aux_hidden_states"][:, states.columns(AUX)][None].float()}
+        (anchors, lengths), (_, exact) = accepted_lengths(served, batch, K), accepted_lengths(drafter, batch, K)
+        flags = anchors[0].tolist()
+        walk = [t for t in served_positions(flags, lengths[0].tolist()) if on_text(flags)[t]]
+        drafts += len(walk)
+        for k in range(K):  # through depth k: the accepted lengths capped at k + 1 differ
+            decided[k] += sum(min(int(lengths[0, t]), k + 1) != min(int(exact[0, t]), k + 1) for t in walk)
+    assert rounded[K]["rounding_decided_per_position"] == [n / drafts for n in decided]
+    assert tolerance(rounded[K], 0.0, None, agreement_tolerance=0.05, z=3) == [0.05 + n / drafts for n in decided]
+    assert "rounding_decided_per_position" not in offline[K]  # a float32 engine: the replay is exact

@@ -113,41 +113,47 @@ def served_positions(anchors, lengths):
     return drafted
 
 
-def common_text_counters(accepted_per_step, drafted_per_step, first_differences, K):
-    """vLLM's spec-decode counters (generation's `counters` shape) of only the drafts whose K
-    guesses all fall on text the request shares with the text the offline side replays: with
-    first_differences[i] the first generated token where request i's text leaves it (None: never),
-    a step whose anchor is generated token g guesses g+1 .. g+K and counts iff g + K < that token.
-    vLLM's first step drafts after generated token 0 and each step moves the anchor by its accepted
-    tokens plus the target's own (served_positions' walk). Offline, served_tokens = common_served()
-    keeps the same anchors. accepted_per_step, drafted_per_step: per request, vLLM's per-step
-    counts (per_request_spec_decode_metrics "detailed")."""
+def steps_on_text(accepted, drafted, end, K):
+    """One request's vLLM steps (per-step accepted and drafted counts, per_request_spec_decode_metrics
+    "detailed") whose K guesses all fall on its first `end` generated tokens, as (accepted, drafted)
+    pairs. vLLM's first step drafts after generated token 0; a step whose anchor is generated token
+    g guesses g+1 .. g+K and moves the anchor by its accepted tokens plus the target's own
+    (served_positions' walk), so it is kept iff g + K < end. vLLM counts a step's accepted drafts
+    before it trims them at a stop token or max_tokens (vllm/v1/core/sched/scheduler.py 2115-2148
+    against 2167 and 2515): on short answers its counters hold accepts past the text's end that no
+    replay of the text can see (docs/VLLM.md)."""
+    kept, g = [], 0
+    for a, n in zip(accepted, drafted):
+        if g + K >= end:
+            break
+        kept.append((a, n))
+        g += a + 1
+    return kept
+
+
+def common_text_counters(accepted_per_step, drafted_per_step, ends, K):
+    """vLLM's spec-decode counters (generation's `counters` shape) of only the steps whose K guesses
+    all fall on the text it compares (steps_on_text): ends[i], request i's generated tokens that
+    count (its text's length, or less where it leaves the text the offline side replays).
+    Offline, expected.sample_counts keeps the same anchors of a text served that far."""
     drafts, draft_tokens, per_position = 0, 0, [0] * K
-    for accepted, drafted, first in zip(accepted_per_step, drafted_per_step, first_differences):
-        g = 0
-        for a, n in zip(accepted, drafted):
-            if first is not None and g + K >= first:
-                break
+    for accepted, drafted, end in zip(accepted_per_step, drafted_per_step, ends):
+        for a, n in steps_on_text(accepted, drafted, end, K):
             drafts, draft_tokens = drafts + 1, draft_tokens + n
             for k in range(a):
                 per_position[k] += 1
-            g += a + 1
     return {"num_drafts": drafts, "num_draft_tokens": draft_tokens, "num_accepted_tokens": sum(per_position),
             "num_accepted_tokens_per_position": per_position}
 
 
-def request_counts(accepted_per_step, K):
-    """Per request, its drafts and its accepted drafts at each position (vLLM's per-step counts):
-    {"drafts": [n], "accepted_per_position": [[a_1 .. a_K]]}: the spread of vLLM's own sample, by
-    prompt, for the agreement check's standard errors."""
-    return {"drafts": [len(steps) for steps in accepted_per_step],
-            "accepted_per_position": [[sum(a > k for a in steps) for k in range(K)] for steps in accepted_per_step]}
-
-
-def common_served(first_difference, K):
-    """The served_tokens that keeps the offline anchors where common_text_counters counts vLLM's:
-    anchors are generated tokens g <= served - 2 (draft_anchors), and g + K < first_difference."""
-    return max(first_difference - K + 1, 0)
+def request_counts(accepted_per_step, drafted_per_step, ends, K):
+    """Per request, its drafts and its accepted drafts at each position, of the steps
+    common_text_counters counts: {"drafts": [n], "accepted_per_position": [[a_1 .. a_K]]}: the
+    spread of vLLM's own sample, by prompt, for the agreement check's standard errors."""
+    kept = [[a for a, _ in steps_on_text(accepted, drafted, end, K)]
+            for accepted, drafted, end in zip(accepted_per_step, drafted_per_step, ends)]
+    return {"drafts": [len(steps) for steps in kept],
+            "accepted_per_position": [[sum(a > k for a in steps) for k in range(K)] for steps in kept]}
 
 
 def served_anchors(anchors, lengths, keep=None):

@@ -40,7 +40,7 @@ from eaglenest.data.vocab import load_vocab
 from eaglenest.drafter.load import drafter_from_state, load_drafter
 from eaglenest.drafter.model import DrafterConfig
 from eaglenest.data.tokenizer import tool_call_span
-from eaglenest.evaluate.acceptance import acceptance_fields, common_served, drafts_in_span, share_of_ceiling
+from eaglenest.evaluate.acceptance import acceptance_fields, drafts_in_span, share_of_ceiling
 from eaglenest.evaluate.agreement_states import AgreementStates, layer_misreadings, text_key
 from eaglenest.evaluate.expected import (CEILING_DESCRIPTIONS, CEILINGS, ceiling_outcomes, chain_outcomes, estimate,
                                          family_z, ratio_standard_error, sample_counts, sample_seed)
@@ -81,7 +81,7 @@ def trained_drafter(drafter_dir, trained_config, d2t, t2d, embed_tokens):
 
 @torch.no_grad()
 def offline_estimates(states, indices, variants, Ks, *, temperature, max_tokens, head, device, method="greedy",
-                      ceiling=False, span=None, served_caps=None):
+                      ceiling=False, span=None, served_caps=None, exact=None):
     """The offline estimate (eaglenest.evaluate.expected.estimate) at each K of `Ks` of each
     (drafter, aux layer ids) of `variants` drafting by `method` (vLLM's draft_sample_method), on
     the samples `indices` of `states` (an AgreementStates: the baseline's text at `temperature`, of
@@ -91,10 +91,14 @@ def offline_estimates(states, indices, variants, Ks, *, temperature, max_tokens,
     end) of the target's tool-call section: each estimate then also holds "tool_call_spans" and
     "outside_tool_call_spans", the same estimate over the drafts that start inside a section and
     over the others (acceptance.drafts_in_span), which split its drafts. `served_caps`: {sample
-    index: served tokens at most} (acceptance.common_served: where a run's text left this one)."""
+    index: served tokens at most} (common_text_caps: where a run's text left this one).
+    `exact`: at temperature 0, the first variant's drafter computed in float32 where the variants
+    are in a coarser engine dtype: its estimates then also hold "rounding_decided_per_position"
+    (rounding_decided)."""
     columns = [states.columns(layer_ids) for _, layer_ids in variants]
     counts = [{K: [] for K in Ks} for _ in range(len(variants) + ceiling)]
     parts = [[{K: [] for K in Ks} for _ in counts] for _ in range(2 if span else 0)]  # in spans, outside
+    decided = {K: [] for K in Ks}  # per sample, rounding_decided's counts
     ticker = ProgressLines(f"agreement check, T={temperature:g}, {method}", len(indices), "samples", logger=log)
     for i in indices:
         stored = states[i]
@@ -106,6 +110,11 @@ def offline_estimates(states, indices, variants, Ks, *, temperature, max_tokens,
         outcomes = [chain_outcomes(drafter, text | {"aux_hidden_states": sample["aux_hidden_states"][:, cols]},
                                    served, max(Ks), head=head, temperature=temperature, method=method, seed=seed)
                     for (drafter, _), cols in zip(variants, columns)]
+        if exact is not None and temperature == 0:
+            _, exact_matched, _ = chain_outcomes(exact, text | {"aux_hidden_states": sample["aux_hidden_states"][:, columns[0]]},
+                                                 served, max(Ks))
+            for K in Ks:
+                decided[K].append(rounding_decided(outcomes[0], exact_matched, K))
         if ceiling:
             targets = variants[0][0].draft_to_target(torch.arange(len(variants[0][0].d2t), device=device))
             outcomes.append(ceiling_outcomes(text, served, max(Ks), head=head, temperature=temperature, method=method,
@@ -118,11 +127,35 @@ def offline_estimates(states, indices, variants, Ks, *, temperature, max_tokens,
                     part[v][K].append(sample_counts(anchors, matched, probs, K, keep))
         ticker.advance()
     estimates = [{K: estimate(per_k[K], K) for K in Ks} for per_k in counts]
+    for K in Ks:
+        if decided[K]:
+            drafts = max(sum(n for n, _, _ in counts[0][K]), 1)
+            estimates[0][K]["rounding_decided_per_position"] = [sum(d[k] for d in decided[K]) / drafts for k in range(K)]
     for name, part in zip(SPANS, parts):
         for v, per_k in enumerate(part):
             for K in Ks:
                 estimates[v][K][name] = estimate(per_k[K], K)
     return estimates
+
+
+def rounding_decided(outcomes, exact_matched, K):
+    """Of a sample's drafts (sample_counts' anchors of `outcomes`, the replay in the engine's
+    dtype), how many at each depth k < K have an outcome through depth k that the float32 replay
+    (`exact_matched`, chain_outcomes' matched) does not share: drafts that the dtype's rounding
+    decides, which vLLM, computing in that dtype with kernels of its own, may decide either way."""
+    anchors, matched, _ = outcomes
+    differs = (matched[:K] != exact_matched[:K]).long().cummax(0).values.bool()  # through depth k
+    return [sample_counts(anchors, matched, None, K, keep=differs[k])[0] for k in range(K)]
+
+
+def as_served(drafter, dtype):
+    """The drafter as vLLM computes it: every weight in the engine's dtype (vLLM loads the draft
+    model in the target's model_config.dtype; activations follow), the vocab maps as they are.
+    The drafter itself where that is float32."""
+    if dtype == torch.float32:
+        return drafter
+    state = {name: t.to(dtype) if t.is_floating_point() else t for name, t in drafter.state_dict().items()}
+    return drafter_from_state(drafter.config, state).eval()
 
 
 def misreadings(drafter, aux_layer_ids, num_layers):
@@ -163,8 +196,9 @@ def compare(online, offline, tolerance):
 
 
 def tolerance(offline, temperature, online, *, agreement_tolerance, z, per_request=None):
-    """Per position: eval.agreement_tolerance at temperature 0 (replaying greedy text is exact but
-    for float rounding), else `z` standard errors of the gap (eaglenest.evaluate.expected). vLLM's
+    """Per position: at temperature 0 eval.agreement_tolerance (replaying greedy text is exact but
+    for float rounding), plus the share of drafts whose outcome the engine dtype's rounding decides
+    where the replay measured it ("rounding_decided_per_position": a bfloat16 engine), else `z` standard errors of the gap (eaglenest.evaluate.expected). vLLM's
     share of it is its own sample's by-prompt spread where the run kept each request's counts
     (`per_request`: acceptance.request_counts), never below the replay's indicator's, which stands
     for it (a sample of a few drafts may accept none, and spread by nothing); each at least the
@@ -174,7 +208,8 @@ def tolerance(offline, temperature, online, *, agreement_tolerance, z, per_reque
     counts where answers fall into loops: a few looping samples carry most of a deep position's
     accepts, so one sample's spread says little of another's (the Kimi-shaped demo's target)."""
     if temperature == 0:
-        return [agreement_tolerance] * len(offline["acceptance_rate_per_position"])
+        decided = offline.get("rounding_decided_per_position", [0.0] * len(offline["acceptance_rate_per_position"]))
+        return [agreement_tolerance + share for share in decided]
     if per_request:
         own = [ratio_standard_error([a[k] for a in per_request["accepted_per_position"]], per_request["drafts"])
                for k in range(len(offline["acceptance_rate_per_position"]))]
@@ -188,13 +223,13 @@ def tolerance(offline, temperature, online, *, agreement_tolerance, z, per_reque
             for se, rate in zip(errors, online["acceptance_rate_per_position"])]
 
 
-def common_text_caps(states, run, K):
+def common_text_caps(states, run):
     """{sample index: served tokens at most} for a temperature-0 run whose text left the replayed
-    one ("replayed_text_differs": prompt id -> first differing generated token): the offline
-    anchors whose K guesses fall before it (acceptance.common_served)."""
+    one ("replayed_text_differs": prompt id -> first differing generated token): the text both
+    share, on which sample_counts keeps the drafts whose guesses all fall (vLLM's side:
+    acceptance.common_text_counters)."""
     index = {sample_id: i for i, (_, _, _, sample_id) in enumerate(states.samples.index)}
-    return {index[text_key(run["suite"], 0.0, prompt_id)]: common_served(first, K)
-            for prompt_id, first in run["replayed_text_differs"].items()}
+    return {index[text_key(run["suite"], 0.0, prompt_id)]: first for prompt_id, first in run["replayed_text_differs"].items()}
 
 
 def _rates(fields):
@@ -215,7 +250,7 @@ def disagreement(failing, count, cause):
 
 def diagnose(states, indices, run, drafter, aux_layer_ids, num_layers, *, max_tokens, head, device, served_caps=None):
     """The misreadings (misreadings()) whose offline estimate agrees with `run`'s vLLM counters on
-    the text compared (`served_caps` as offline_estimates'), as a sentence."""
+    the text compared (`served_caps` as offline_estimates') within the run's own tolerance, as a sentence."""
     K, temperature = run["num_speculative_tokens"], run["temperature"]
     variants = misreadings(drafter, aux_layer_ids, num_layers)
     estimates = offline_estimates(states, indices, [(variant, ids) for _, variant, ids in variants], [K],
@@ -239,11 +274,11 @@ def speculative_run(spec, run, plain, offline, ceiling, tolerance_per_position):
     """One vllm_metrics.json run: the (method, K) engine's run `run` (with vLLM's counters), the
     baseline's run `plain` at the same (suite, temperature, concurrency), the offline estimate on
     the same text and the method's ceiling there (offline_estimates' oracle at the same K). The
-    comparison holds vLLM's drafts on the text the offline side replays ("vllm_same_text": at
-    temperature 0 those made before the run's text left the baseline's, vllm_speculative's
-    common_text_counters; all of them where the texts are equal and above 0)."""
+    comparison holds vLLM's drafts whose guesses all fall on the text it returned and, at
+    temperature 0, on the text the offline side replays ("vllm_same_text": vllm_speculative's
+    common_text_counters), as the offline side counts its own (expected.sample_counts)."""
     online = online_acceptance(run["counters"])
-    same_text = online_acceptance(run.get("common_text_counters", run["counters"]))
+    same_text = online_acceptance(run["common_text_counters"])
     ceiling_rates = ceiling["acceptance_rate_per_position"]
     keep = {key: run[key] for key in ("greedy_text_unchanged", "divergent_share", "divergences", "replayed_text_differs")
             if key in run}
@@ -258,10 +293,11 @@ def speculative_run(spec, run, plain, offline, ceiling, tolerance_per_position):
             "vllm_same_text": same_text, "offline": offline, **compare(same_text, offline, tolerance_per_position)}
 
 
-def estimates_by_run(states, texts, speculative, drafter, aux_layer_ids, Ks, *, max_tokens, head, device, span=None):
+def estimates_by_run(states, texts, speculative, drafter, aux_layer_ids, Ks, *, max_tokens, head, device, span=None,
+                     exact=None):
     """offline_estimates() and the ceilings for every run of the engines' files `speculative`, by
     (suite, temperature, prompts, method): a run of n prompts ran its suite's first n, so each
-    (text, size, method) is estimated once, at every K."""
+    (text, size, method) is estimated once, at every K. `exact`: as offline_estimates'."""
     offline, ceiling = {}, {}
     for suite, t, indices in texts:
         for method in dict.fromkeys(spec["draft_sample_method"] for spec in speculative):
@@ -270,36 +306,36 @@ def estimates_by_run(states, texts, speculative, drafter, aux_layer_ids, Ks, *, 
             for n in sorted(sizes):
                 offline[suite, t, n, method], ceiling[suite, t, n, method] = offline_estimates(
                     states, indices[:n], [(drafter, aux_layer_ids)], Ks, temperature=t, max_tokens=max_tokens,
-                    head=head, device=device, method=method, ceiling=True, span=span)
+                    head=head, device=device, method=method, ceiling=True, span=span, exact=exact)
     return offline, ceiling
 
 
 def compared_runs(speculative, offline, ceiling, plain, states, texts, drafter, aux_layer_ids, *, z,
-                  agreement_tolerance, max_tokens, head, device, span):
+                  agreement_tolerance, max_tokens, head, device, span, exact=None):
     """Each run of the engines' files `speculative` against its offline estimate (speculative_run),
     with its tolerance -> (runs, cuts: each run's common_text_caps, None where compared on the whole
     text). offline, ceiling: estimates_by_run's; plain: the baseline's runs by (suite, temperature,
-    concurrency)."""
+    concurrency); exact: as offline_estimates'."""
     runs, cuts = [], []  # cuts: each run's common_text_caps (None: compared on the whole text)
     for spec in speculative:
         for run in spec["runs"]:
             key, K, method = (run["suite"], run["temperature"]), spec["num_speculative_tokens"], spec["draft_sample_method"]
             on_its_prompts = key + (run["prompts"], method)
             estimate_k, ceiling_k = offline[on_its_prompts][K], ceiling[on_its_prompts][K]
-            cuts.append(common_text_caps(states, run, K) if run.get("replayed_text_differs") else None)
+            cuts.append(common_text_caps(states, run) if run.get("replayed_text_differs") else None)
             if cuts[-1]:  # temperature 0 on an engine that is not bit-exact: the text both share
                 indices = next(i for suite, t, i in texts if (suite, t) == key)[: run["prompts"]]
                 estimate_k = offline_estimates(states, indices, [(drafter, aux_layer_ids)], [K], temperature=0.0,
                                                max_tokens=max_tokens, head=head, device=device, method=method,
-                                               span=span, served_caps=cuts[-1])[0][K]
-            limits = tolerance(estimate_k, run["temperature"], online_acceptance(run["counters"]),
+                                               span=span, served_caps=cuts[-1], exact=exact)[0][K]
+            limits = tolerance(estimate_k, run["temperature"], online_acceptance(run["common_text_counters"]),
                                agreement_tolerance=agreement_tolerance, z=z, per_request=run.get("per_request"))
             runs.append(speculative_run(spec, run, plain[key + (run["concurrency"],)], estimate_k, ceiling_k, limits))
             same = runs[-1]["vllm_same_text"]
             log.info("%s T=%g c=%d %s K=%d: vLLM %s, offline %s (on %d of vLLM's %d drafts: %s), tolerance %s: %s; "
                      "ceiling (%s) %s", *key, run["concurrency"], method, K, _rates(same), _rates(estimate_k),
                      same["num_drafts"], runs[-1]["num_drafts"],
-                     "the text both share" if cuts[-1] else "the same text",
+                     "their guesses on the text both share" if cuts[-1] else "their guesses on its text",
                      " / ".join(f"{t:.3f}" for t in limits), "agree" if runs[-1]["agrees"] else "DISAGREE",
                      CEILINGS[method], _rates(ceiling_k))
     return runs, cuts
@@ -333,21 +369,24 @@ def evaluate_vllm(baseline_path, outputs_path, speculative_paths, states_dir, ta
     texts = states.texts()
     head = TargetHead(target_dir, device)  # its argmax: the ceiling; above temperature 0 its probabilities
     trained = DrafterConfig(**json.loads(Path(trained_config_path).read_text()))
-    drafter = trained_drafter(drafter_dir, trained, *load_vocab(d2t_path, t2d_path), head.embed_tokens).to(device)
+    trained_weights = trained_drafter(drafter_dir, trained, *load_vocab(d2t_path, t2d_path), head.embed_tokens).to(device)
+    engine_dtype = getattr(torch, speculative[0]["engine_dtype"])
+    drafter = as_served(trained_weights, engine_dtype)  # replayed as vLLM computes it
+    exact = None if drafter is trained_weights else trained_weights  # a coarser dtype: what its rounding decides
     log.info("offline side: %d samples of %s (%s backend, %s, layers %s); no target model loaded", len(states),
              states_dir, states.info["backend"], states.info["dtype"], states.info["layer_ids"])
     judge_divergences(speculative, states, head, outputs_path)  # fails on a fault
     max_tokens = baseline["max_tokens"]
     span = tool_call_span(target_dir, trust_remote_code=trust_remote_code, tool_call_tokens=tool_call_tokens)
     offline, ceiling = estimates_by_run(states, texts, speculative, drafter, aux_layer_ids, Ks, max_tokens=max_tokens,
-                                        head=head, device=device, span=span)
+                                        head=head, device=device, span=span, exact=exact)
     plain = {(r["suite"], r["temperature"], r["concurrency"]): r for r in baseline["runs"]}
     sampled = sum(spec["num_speculative_tokens"] * sum(r["temperature"] > 0 for r in spec["runs"])
                   for spec in speculative)  # positions compared at temperature > 0
     z = family_z(agreement_standard_errors, sampled)
     runs, cuts = compared_runs(speculative, offline, ceiling, plain, states, texts, drafter, aux_layer_ids, z=z,
                                agreement_tolerance=agreement_tolerance, max_tokens=max_tokens, head=head,
-                               device=device, span=span)
+                               device=device, span=span, exact=exact)
     if failing := [r for r in runs if not r["agrees"]]:
         first = failing[0]
         indices = next(i for suite, t, i in texts if (suite, t) == (first["suite"], first["temperature"]))

@@ -211,12 +211,16 @@ def replay(generated, served_tokens, weights, acceptance=None, seed=0):
 
 def sample_counts(anchors, matched, expected, K, keep=None):
     """A sample's counts at the anchors vLLM drafts from with K tokens (matched/expected may hold
-    more depths): (drafts, accepted per position by indicator [K], expected accepted [K]). keep
-    [T] bool: count only the drafts at its True anchors (vLLM's drafts all the same: those
-    drafting into a tool-call span, say, acceptance.drafts_in_span)."""
+    more depths) whose K guesses all fall on the served text, as vLLM's counters are compared
+    (acceptance.steps_on_text): (drafts, accepted per position by indicator [K], expected accepted
+    [K]). The deepest guess from anchor t is x_{t+K+1}, served iff anchor t+K-1 is one. keep [T]
+    bool: count only the drafts at its True anchors (vLLM's drafts all the same: those drafting
+    into a tool-call span, say, acceptance.drafts_in_span)."""
     matched = matched[:K]
     lengths = matched.sum(0)
-    positions = torch.tensor(served_positions(anchors.tolist(), lengths.tolist()), dtype=torch.long)
+    flags = anchors.tolist()
+    walk = served_positions(flags, lengths.tolist())
+    positions = torch.tensor([t for t in walk if t + K - 1 < len(flags) and flags[t + K - 1]], dtype=torch.long)
     if keep is not None:
         positions = positions[keep.cpu()[positions]]
     indicator = matched[:, positions].sum(1).double()

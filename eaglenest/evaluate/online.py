@@ -8,10 +8,11 @@ a time (eaglenest.engine.generate.generate_at) and max_num_seqs set to the large
 each run, differenced, give its online acceptance, which evaluate_vllm holds against the
 offline evaluator's on the baseline's text (eaglenest.evaluate.agreement).
 
-The baseline generates K_max tokens past eval.max_tokens: vLLM drafts K tokens even at the last
-step before max_tokens and counts what it accepts there, so the offline side needs the text
-that far (its anchors stop where the served run stopped). At temperature > 0 each request
-samples with its own seed (a hash of eval.seed, the suite and the prompt's id).
+vLLM counts what it accepts of a step's K drafts before it trims them at a stop token or at
+max_tokens, so its counters hold accepts past the text it returns: each run also keeps the
+counters of only the steps whose guesses all fall on that text (counted_text), which the offline
+side counts alike. At temperature > 0 each request samples with its own seed (a hash of
+eval.seed, the suite and the prompt's id).
 """
 
 import json
@@ -103,10 +104,10 @@ def run_entry(suite, temperature, concurrency, result, prompts):
 
 
 def vllm_baseline(prompt_paths, target_dir, runs_path, outputs_path, *, suites, temperatures, concurrency, max_tokens,
-                  extra_tokens, seed, vllm, trust_remote_code, end_of_turn, latency_prompts=None):
+                  seed, vllm, trust_remote_code, end_of_turn, latency_prompts=None):
     """The target alone in vLLM, one engine for every (suite, temperature, concurrency): writes
     vllm_baseline.json (each run's speed) and the continuations (JSONL, one line per run and
-    prompt, `max_tokens + extra_tokens` tokens at most: see the module docstring)."""
+    prompt, `max_tokens` tokens at most)."""
     prompts = read_suites(prompt_paths, suites)
     check_prompt_lengths(prompts, vllm["max_model_len"])
     runs = []
@@ -114,14 +115,13 @@ def vllm_baseline(prompt_paths, target_dir, runs_path, outputs_path, *, suites, 
                     concurrency=concurrency, seed=seed) as engine:
         with atomic_path(outputs_path) as tmp, open(tmp, "w") as f:
             for suite, temperature, c, entries in grid(prompts, suites, temperatures, concurrency, latency_prompts):
-                result = engine.run(suite, entries, temperature, c, max_tokens + extra_tokens, "without the drafter")
+                result = engine.run(suite, entries, temperature, c, max_tokens, "without the drafter")
                 runs.append(run_entry(suite, temperature, c, result, len(entries)))
                 for entry, tokens, reason in zip(entries, result["token_ids"], result["finish_reasons"]):
                     f.write(json.dumps({"suite": suite, "temperature": temperature, "concurrency": c, "id": entry["id"],
                                         "prompt_token_ids": entry["prompt_token_ids"], "token_ids": tokens,
                                         "finish_reason": reason}) + "\n")
-    baseline = {"vllm_version": result["vllm_version"], "max_tokens": max_tokens, "extra_tokens": extra_tokens,
-                "runs": runs}
+    baseline = {"vllm_version": result["vllm_version"], "max_tokens": max_tokens, "runs": runs}
     write_json(runs_path, baseline)
     return baseline
 
@@ -136,19 +136,25 @@ def baseline_texts(outputs_path, max_tokens):
     return texts
 
 
-def common_text(result, replayed, K):
-    """Where a temperature-0 run's text leaves the one evaluate_vllm replays (the baseline's at the
-    largest concurrency: `replayed`, (ids, continuations)), and vLLM's counters of the drafts made
-    before it (acceptance.common_text_counters): {"replayed_text_differs": {prompt id: first
-    differing generated token}, "common_text_counters"}. On a bit-exact engine the texts are equal
-    and these counters are the run's own; in bfloat16 a near-tie sends a text elsewhere (greedy
-    identity), and drafts past that point guess a text the replay never saw."""
-    n = len(result["token_ids"])  # a smaller concurrency ran the suite's first prompts
-    ids, texts = replayed[0][:n], replayed[1][:n]
-    first = {d["id"]: d["generated_token"] for d in greedy_divergences(ids, texts, result["token_ids"])}
-    return {"replayed_text_differs": first,
-            "common_text_counters": common_text_counters(result["accepted_per_step"], result["drafted_per_step"],
-                                                         [first.get(i) for i in ids], K)}
+def counted_text(result, K, replayed=None):
+    """vLLM's counters and per-request counts of only the steps whose K guesses all fall on the text
+    the run returned (acceptance.common_text_counters: vLLM also counts accepts past a stop token)
+    and, at temperature 0, before that text leaves the one evaluate_vllm replays (the baseline's at
+    the largest concurrency: `replayed`, (ids, continuations)): {"common_text_counters",
+    "per_request"} and with `replayed` "replayed_text_differs" ({prompt id: first differing
+    generated token}). On a bit-exact engine the texts are equal; in bfloat16 a near-tie sends a
+    text elsewhere (greedy identity), and drafts past that point guess a text the replay never saw."""
+    texts = result["token_ids"]
+    ends = [len(text) for text in texts]
+    out = {}
+    if replayed is not None:
+        n = len(texts)  # a smaller concurrency ran the suite's first prompts
+        ids = replayed[0][:n]
+        first = {d["id"]: d["generated_token"] for d in greedy_divergences(ids, replayed[1][:n], texts)}
+        ends = [min(end, first.get(i, end)) for i, end in zip(ids, ends)]
+        out["replayed_text_differs"] = first
+    steps = result["accepted_per_step"], result["drafted_per_step"], ends, K
+    return out | {"common_text_counters": common_text_counters(*steps), "per_request": request_counts(*steps)}
 
 
 def vllm_speculative(prompt_paths, target_dir, drafter_dir, baseline_outputs, runs_path, *, num_speculative_tokens,
@@ -168,9 +174,7 @@ def vllm_speculative(prompt_paths, target_dir, drafter_dir, baseline_outputs, ru
                     concurrency=concurrency, seed=seed, speculative_config=spec) as engine:
         for suite, temperature, c, entries in grid(prompts, suites, temperatures, concurrency, latency_prompts):
             result = engine.run(suite, entries, temperature, c, max_tokens, label)
-            run = run_entry(suite, temperature, c, result, len(entries)) | {
-                "counters": result["counters"],
-                "per_request": request_counts(result["accepted_per_step"], num_speculative_tokens)}
+            run = run_entry(suite, temperature, c, result, len(entries)) | {"counters": result["counters"]}
             if temperature == 0:
                 ids, plain_tokens = plain[(suite, temperature, c)]
                 divergences = greedy_divergences(ids, plain_tokens, result["token_ids"])
@@ -178,8 +182,8 @@ def vllm_speculative(prompt_paths, target_dir, drafter_dir, baseline_outputs, ru
                          len(divergences), len(ids), f" (first: {divergences[0]})" if divergences else "")
                 run |= {"greedy_text_unchanged": not divergences, "divergent_share": len(divergences) / len(ids),
                         "divergences": divergences}
-                run |= common_text(result, plain[(suite, temperature, max(concurrency))], num_speculative_tokens)
-            runs.append(run)
+            replayed = plain[(suite, temperature, max(concurrency))] if temperature == 0 else None
+            runs.append(run | counted_text(result, num_speculative_tokens, replayed))
         engine_dtype = str(engine.llm.llm_engine.model_config.dtype).removeprefix("torch.")
     out = {"vllm_version": result["vllm_version"], "draft_sample_method": draft_sample_method,
            "num_speculative_tokens": num_speculative_tokens, "max_tokens": max_tokens, "engine_dtype": engine_dtype,
