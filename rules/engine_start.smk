@@ -1,7 +1,7 @@
 # Whether vLLM can start the target with the drafter at all (the attention backends vLLM picks for
 # the target's layers and the drafter's share a KV cache block size, and take the dtype), from the
 # target's config.json and the settings alone: eaglenest/plan/engine_start.py. It gates the first
-# stages of the hours (split_prompts before generation, shard_samples before extraction,
+# stages of the hours (generate_part, shard_samples before extraction,
 # vllm_baseline before evaluation), so that drafter engines that cannot start fail the run before
 # them, not after.
 #

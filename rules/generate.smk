@@ -42,7 +42,6 @@ if not config["data"]["raw_responses"]:
     checkpoint split_prompts:
         input:
             prompts=PROMPTS,
-            engine_start=rules.engine_start_check.output.check,  # the drafter engines can start: before the hours of generation
         output:
             parts=directory(PROMPT_PARTS),
         params:
@@ -59,6 +58,7 @@ if not config["data"]["raw_responses"]:
         input:
             unpack(split_part("split_prompts", "part")),
             target=TARGET,
+            engine_start=rules.engine_start_check.output.check,  # the drafter engines can start: before the hours of generation
         output:
             part=RESPONSE_PART,
         wildcard_constraints:

@@ -47,7 +47,7 @@ def pytest_terminal_summary(terminalreporter):
         terminalreporter.write_line(f"{seconds:7.1f} s  {test}")
 
 
-WHOLE_RUNS = ("built", "smollm2_run")  # the session fixtures that each run a whole workflow
+WHOLE_RUNS = ("built", "smollm2_run", "kimi_run")  # the session fixtures that each run a whole workflow
 
 
 def pytest_collection_modifyitems(items):
@@ -158,6 +158,25 @@ def smollm2_run(tmp_path_factory):
     """A workflow copy after one run of configs/smollm2.yaml with the CI overlay, target built by the workflow."""
     return config_run(tmp_path_factory, "smollm2_run", "configs/smollm2.yaml", SMOLLM2_CI,
                       "resources/smollm2/prompts.jsonl", SMOLLM2_PROMPTS)
+
+
+KIMI_PROMPTS = 160  # of the demo's 2,000, answered greedily: 16 held out
+KIMI_CI = {  # configs/kimi.yaml, shrunk: the Kimi-packaged MLA target end to end, its drafter served in vLLM
+    "demo_target": {"steps": 60, "seq_len": 128},
+    "generate": {"max_tokens": 48, "num_parts": 2, "temperatures": [0.0]},
+    "hidden_states": {"backend": "hf", "num_shards": 2},  # vLLM's extraction on the wrapper: test_hidden_states_vllm.py
+    "train": {"epochs": 2},
+    "eval": {"suites": [], "temperatures": [0.0], "num_speculative_tokens": [3], "concurrency": [4],
+             "max_tokens": 32, "max_prompts": 8},
+}
+
+
+@pytest.fixture(scope="session")
+def kimi_run(tmp_path_factory):
+    """A workflow copy after one run of configs/kimi.yaml with the CI overlay: the Kimi-shaped target
+    built by the workflow, its drafter layer the default for an MLA target."""
+    return config_run(tmp_path_factory, "kimi_run", "configs/kimi.yaml", KIMI_CI, "resources/demo/prompts.jsonl",
+                      KIMI_PROMPTS)
 
 
 WORKFLOW_FILES = ["Snakefile", "config.yaml", "rules", "scripts", "schemas", "envs", "eaglenest", "resources", "report",
