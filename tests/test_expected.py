@@ -251,7 +251,8 @@ def test_rounding_decides_the_drafts_whose_outcome_through_a_depth_the_float32_r
     """At temperature 0 in bfloat16 the replay counts, at each depth, the served drafts whose accepted
     tokens through it differ from the float32 replay's: vLLM, rounding with kernels of its own, may
     decide them either way, and the tolerance widens by their share."""
-    from eaglenest.evaluate.agreement import rounding_decided, tolerance
+    from eaglenest.evaluate.agreement import tolerance
+    from eaglenest.evaluate.expected import rounding_decided
     generated = torch.tensor([False] * 2 + [True] * 10)
     anchors = draft_anchors(generated[None])[0]  # anchors 1 .. 9
     lengths = torch.zeros(12, dtype=torch.long)

@@ -13,11 +13,10 @@ from transformers import LlamaConfig, LlamaForCausalLM
 from eaglenest.data.target import read_target_embedding
 from eaglenest.data.vocab import count_tokens, draft_maps, select_draft_vocab
 from eaglenest.drafter.export import write_drafter
-from eaglenest.drafter.load import load_drafter
+from eaglenest.drafter.load import as_served, load_drafter, load_drafter_copy
 from eaglenest.drafter.model import Drafter, DrafterConfig, cached_attend, ttt_attention
 from eaglenest.evaluate.acceptance import acceptance, accepted_lengths, chain_drafts, served_anchors, served_positions
-from eaglenest.evaluate.agreement import (as_served, load_drafter_copy, misreadings, offline_estimates, tolerance,
-                                          trained_drafter)
+from eaglenest.evaluate.agreement import misreadings, offline_estimates, tolerance, trained_drafter
 from eaglenest.evaluate.agreement_states import AgreementStates, extract_agreement_states
 from eaglenest.evaluate.expected import ceiling_outcomes, estimate, sample_counts, sample_seed
 from eaglenest.states.hf import extract_shard

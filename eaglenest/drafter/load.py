@@ -1,6 +1,7 @@
 """Reading drafter checkpoints in either format vLLM loads: speculators (what training writes)
 or EAGLE/SGLang (docs/EXPORT.md). Defaults follow vLLM's for each format."""
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -149,3 +150,21 @@ def load_drafter(path, embed_tokens=None, config=None):
         state["embed_tokens.weight"] = embed_tokens
     state = {n: t.float() if t.is_floating_point() and n != "embed_tokens.weight" else t for n, t in state.items()}
     return drafter_from_state(config or file_config, state).eval()
+
+
+def as_served(drafter, dtype):
+    """The drafter as vLLM computes it: every weight in the engine's dtype (vLLM loads the draft
+    model in the target's model_config.dtype; activations follow), the vocab maps as they are.
+    The drafter itself where that is float32."""
+    if dtype == torch.float32:
+        return drafter
+    state = {name: t.to(dtype) if t.is_floating_point() else t for name, t in drafter.state_dict().items()}
+    return drafter_from_state(drafter.config, state).eval()
+
+
+def load_drafter_copy(drafter, **changes):
+    """`drafter` with DrafterConfig fields `changes` (e.g. a flipped norm flag): its weights, the
+    embedding above all, shared rather than copied; vocab maps of its own (a misreading may change them)."""
+    state = drafter.state_dict()
+    state["d2t"], state["t2d"] = state["d2t"].clone(), state["t2d"].clone()
+    return drafter_from_state(dataclasses.replace(drafter.config, **changes), state).eval()

@@ -28,7 +28,6 @@ the others (offline_estimates, acceptance.drafts_in_span): at temperature 0 the 
 text is exact, so that split is vLLM's own, and its whole agrees with vLLM's counters.
 """
 
-import dataclasses
 import json
 import logging
 import math
@@ -37,13 +36,14 @@ from pathlib import Path
 import torch
 
 from eaglenest.data.vocab import load_vocab
-from eaglenest.drafter.load import drafter_from_state, load_drafter
+from eaglenest.drafter.load import as_served, load_drafter, load_drafter_copy
 from eaglenest.drafter.model import DrafterConfig
 from eaglenest.data.tokenizer import tool_call_span
 from eaglenest.evaluate.acceptance import acceptance_fields, drafts_in_span, share_of_ceiling
 from eaglenest.evaluate.agreement_states import AgreementStates, layer_misreadings, text_key
 from eaglenest.evaluate.expected import (CEILING_DESCRIPTIONS, CEILINGS, ceiling_outcomes, chain_outcomes, estimate,
-                                         family_z, ratio_standard_error, sample_counts, sample_seed)
+                                         family_z, ratio_standard_error, rounding_decided, sample_counts,
+                                         sample_seed)
 from eaglenest.evaluate.greedy_identity import judge_divergences
 from eaglenest.evaluate.online import recommend
 from eaglenest.states.manifest import read_manifest
@@ -138,26 +138,6 @@ def offline_estimates(states, indices, variants, Ks, *, temperature, max_tokens,
     return estimates
 
 
-def rounding_decided(outcomes, exact_matched, K):
-    """Of a sample's drafts (sample_counts' anchors of `outcomes`, the replay in the engine's
-    dtype), how many at each depth k < K have an outcome through depth k that the float32 replay
-    (`exact_matched`, chain_outcomes' matched) does not share: drafts that the dtype's rounding
-    decides, which vLLM, computing in that dtype with kernels of its own, may decide either way."""
-    anchors, matched, _ = outcomes
-    differs = (matched[:K] != exact_matched[:K]).long().cummax(0).values.bool()  # through depth k
-    return [sample_counts(anchors, matched, None, K, keep=differs[k])[0] for k in range(K)]
-
-
-def as_served(drafter, dtype):
-    """The drafter as vLLM computes it: every weight in the engine's dtype (vLLM loads the draft
-    model in the target's model_config.dtype; activations follow), the vocab maps as they are.
-    The drafter itself where that is float32."""
-    if dtype == torch.float32:
-        return drafter
-    state = {name: t.to(dtype) if t.is_floating_point() else t for name, t in drafter.state_dict().items()}
-    return drafter_from_state(drafter.config, state).eval()
-
-
 def misreadings(drafter, aux_layer_ids, num_layers):
     """The ways vLLM could read our drafter differently, as (description, drafter, aux ids): a norm
     flag that needs no weights of its own read the other way (with norm_output on, the next step's
@@ -177,14 +157,6 @@ def misreadings(drafter, aux_layer_ids, num_layers):
     absolute.d2t.copy_(drafter.draft_to_target(torch.arange(len(drafter.d2t), device=drafter.d2t.device)))
     out.append(("d2t read as absolute target ids instead of offsets", absolute, aux_layer_ids))
     return out
-
-
-def load_drafter_copy(drafter, **changes):
-    """`drafter` with DrafterConfig fields `changes` (e.g. a flipped norm flag): its weights, the
-    embedding above all, shared rather than copied; vocab maps of its own (a misreading may change them)."""
-    state = drafter.state_dict()
-    state["d2t"], state["t2d"] = state["d2t"].clone(), state["t2d"].clone()
-    return drafter_from_state(dataclasses.replace(drafter.config, **changes), state).eval()
 
 
 def compare(online, offline, tolerance):
@@ -289,7 +261,7 @@ def speculative_run(spec, run, plain, offline, ceiling, tolerance_per_position):
             "tokens_per_s_without_speculation": plain["tokens_per_s"], "tokens_per_s_with_speculation": run["tokens_per_s"],
             "speedup": run["tokens_per_s"] / plain["tokens_per_s"], **keep,
             "ceiling": CEILINGS[spec["draft_sample_method"]], "ceiling_per_position": ceiling_rates,
-            "share_of_ceiling_per_position": share_of_ceiling(online["acceptance_rate_per_position"], ceiling_rates),
+            "share_of_ceiling_per_position": share_of_ceiling(same_text["acceptance_rate_per_position"], ceiling_rates),
             "vllm_same_text": same_text, "offline": offline, **compare(same_text, offline, tolerance_per_position)}
 
 

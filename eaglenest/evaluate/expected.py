@@ -229,6 +229,16 @@ def sample_counts(anchors, matched, expected, K, keep=None):
     return len(positions), indicator.tolist(), expected[:K, positions].sum(1).double().tolist()
 
 
+def rounding_decided(outcomes, exact_matched, K):
+    """Of a sample's drafts (sample_counts' anchors of `outcomes`, the replay in the engine's
+    dtype), how many at each depth k < K have an outcome through depth k that the float32 replay
+    (`exact_matched`, chain_outcomes' matched) does not share: drafts that the dtype's rounding
+    decides, which vLLM, computing in that dtype with kernels of its own, may decide either way."""
+    anchors, matched, _ = outcomes
+    differs = (matched[:K] != exact_matched[:K]).long().cummax(0).values.bool()  # through depth k
+    return [sample_counts(anchors, matched, None, K, keep=differs[k])[0] for k in range(K)]
+
+
 def ratio_standard_error(numerators, denominators):
     """The by-prompt standard error of sum(numerators) / sum(denominators) (module docstring)."""
     m, total = len(denominators), sum(denominators)
