@@ -128,6 +128,7 @@ rule vllm_speculative:
         temperatures=lambda wildcards: method_temperatures(wildcards.method, config["eval"]["temperatures"]),
         num_speculative_tokens=lambda wildcards: int(wildcards.k),
         draft_sample_method=lambda wildcards: wildcards.method,
+        tool_call_tokens=config["tokenize"].get("tool_call_tokens"),  # vLLM's counters split on tool-call spans
         code=code("vllm_speculative"),
     benchmark:
         f"{BENCHMARKS}/vllm_speculative/{{method}}/K{{k}}.tsv"

@@ -22,5 +22,6 @@ if __name__ == "__main__":  # vLLM starts worker processes that import this file
         vllm=snakemake.config["vllm"],
         trust_remote_code=snakemake.params.trust_remote_code,
         end_of_turn=snakemake.params.end_of_turn,
+        tool_call_tokens=snakemake.params.tool_call_tokens,
         gpus=snakemake.resources.gpu,
     )

@@ -190,9 +190,9 @@ FAST = {  # the demo, shrunk so that a whole run takes a few minutes on 2 cores
     "hidden_states": {"num_shards": 3},
     "train": {"epochs": 2},
     # K=3 alone: a drafter engine per draft method (the choice among several K: test_report's metrics); the
-    # chat suite alone (the demo's tool suite, its acceptance on tool-call spans: make demo; the split: test_tool_calls)
+    # tools suite alone (the calculator declared: the target calls it, its acceptance split on tool-call spans)
     "eval": {"max_tokens": 64, "max_prompts": 16, "latency_prompts": 8, "concurrency": [2, 4], "num_speculative_tokens": [3],
-             "suites": [{"name": "chat", "prompts": "resources/demo/eval_chat.jsonl"}]},
+             "suites": [{"name": "tools", "prompts": "resources/demo/eval_tools.jsonl"}]},
 }
 FAST_PROMPTS = 300  # of the demo's 2,000, each answered at temperatures 0 and 1 (eval's): 21 held out
 

@@ -3,6 +3,7 @@ Kimi's tool-call tokens each one id, tool prompts rendered as Kimi's template re
 generated turn that calls a tool kept with its exact ids, and the tokenize report's counts."""
 
 import json
+import math
 import shutil
 
 import pytest
@@ -13,7 +14,8 @@ from eaglenest.data.records import read_records
 from eaglenest.data.tokenize import tokenize_file, tokenize_record
 from eaglenest.data.tokenizer import Tokenizer
 from eaglenest.demo.kimi_tokenizer import NAMED, TOOL_CALL_TOKENS
-from eaglenest.evaluate.acceptance import acceptance, drafts_in_span, served_anchors, span_mask
+from eaglenest.evaluate.acceptance import (acceptance, draft_anchors, drafts_in_span, served_anchors, served_positions,
+                                          span_counters, span_mask)
 from eaglenest.evaluate.expected import sample_counts
 from eaglenest.evaluate.offline import served_figures, tool_call_split
 from eaglenest.evaluate.summary import tool_call_table
@@ -174,18 +176,42 @@ def test_the_drafts_in_tool_call_spans_and_the_rest_split_vllms_drafts_and_their
         == spans[1]  # offline.py's count of the same drafts
 
 
+def test_vllms_own_steps_split_at_tool_call_spans_as_the_offline_replay_splits_its_drafts():
+    """span_counters walks vLLM's per-step accepted counts over prompt + output; on the same text
+    and the same accepted lengths it splits the drafts exactly as the offline side does (a
+    section in the prompt, one closed in the output, one cut by the end of the output)."""
+    generator = torch.Generator().manual_seed(1)
+    prompt, K = [7, BEGIN, 8, END, 9], 3
+    output = torch.randint(0, 80, (40,), generator=generator)
+    output[[6, 30]], output[[17]] = BEGIN, END
+    ids = torch.tensor(prompt + output.tolist())
+    generated = torch.arange(len(ids)) >= len(prompt)
+    anchors = draft_anchors(generated[None])[0].tolist()
+    lengths = torch.randint(0, K + 1, (len(ids),), generator=generator).tolist()
+    steps = [lengths[t] for t in served_positions(anchors, lengths)]  # what vLLM's per-step counts would read
+    inside = drafts_in_span(ids, BEGIN, END).tolist()
+    # every step counted (ends: no text cut here; the cut at a text's end is test_mla_vllm's)
+    split = span_counters([prompt], [output.tolist()], [steps], [[K] * len(steps)], [math.inf], (BEGIN, END), K)
+    for name, keep in (("tool_call_spans", inside), ("outside_tool_call_spans", [not i for i in inside])):
+        offline = acceptance(served_anchors(anchors, lengths, keep), K)
+        assert split[name]["num_drafts"] == offline["num_drafts"] > 0
+        assert split[name]["num_accepted_tokens_per_position"] == offline["num_accepted_tokens_per_position"]
+        assert split[name]["num_draft_tokens"] == K * offline["num_drafts"]
+
+
 def test_the_summary_shows_acceptance_on_tool_call_spans_beside_the_rest():
     def fields(rates, drafts):
         return {"acceptance_rate_per_position": rates, "num_drafts": drafts}
 
     run = {"suite": "tools", "temperature": 0.0, "concurrency": 4, "draft_sample_method": "greedy",
            "num_speculative_tokens": 3, **fields([0.9, 0.7, 0.5], 100),
+           "tool_call_spans": fields([0.96, 0.9, 0.85], 41), "outside_tool_call_spans": fields([0.86, 0.57, 0.27], 59),
            "offline": {**fields([0.9, 0.7, 0.5], 100), "tool_call_spans": fields([0.95, 0.9, 0.85], 40),
                        "outside_tool_call_spans": fields([0.87, 0.57, 0.27], 60)}}
-    plain = run | {"suite": "chat", "offline": fields([0.8, 0.6, 0.4], 90)}  # not split: not shown
+    plain = {"suite": "chat", "offline": fields([0.8, 0.6, 0.4], 90)}  # not split: not shown
     lines = tool_call_table({"runs": [plain, run]})
-    assert lines[5] == ("| tools | 0 | 4 | greedy K=3 | 0.90 / 0.70 / 0.50 | 0.90 / 0.70 / 0.50 | 0.95 / 0.90 / 0.85 "
-                        "| 40 | 0.87 / 0.57 / 0.27 | 60 |")
+    assert lines[5] == ("| tools | 0 | 4 | greedy K=3 | 0.96 / 0.90 / 0.85 | 0.95 / 0.90 / 0.85 | 41, 40 "
+                        "| 0.86 / 0.57 / 0.27 | 0.87 / 0.57 / 0.27 | 59, 60 |")
     assert len(lines) == 8 and tool_call_table({"runs": [plain]}) == []
 
 
@@ -196,12 +222,15 @@ def test_the_report_shows_the_same_split():
 
     run = {"suite": "tools", "temperature": 0.0, "concurrency": 4, "draft_sample_method": "greedy",
            "num_speculative_tokens": 3, **fields([0.9, 0.7, 0.5], 100),
+           "tool_call_spans": fields([0.96, 0.9, 0.85], 41), "outside_tool_call_spans": fields([0.86, 0.57, 0.27], 59),
            "offline": {**fields([0.9, 0.7, 0.5], 100), "tool_call_spans": fields([0.95, 0.9, 0.85], 40),
                        "outside_tool_call_spans": fields([0.87, 0.57, 0.27], 60)}}
     online = {"runs": [run], "draft_sample_methods": ["greedy"], "suites": {"tools": 24}}
     row = tool_call_spans_table(online).iloc[0]
-    assert (row["tool-call spans"], row["drafts there"], row["mean acceptance length there"]) == (
-        "0.950\u00a0/\u00a00.900\u00a0/\u00a00.850", "40", "3.70")
+    assert (row["tool-call spans, vLLM"], row["tool-call spans"], row["drafts there"], row["mean acceptance length there"],
+            row["elsewhere, vLLM"]) == ("0.960\u00a0/\u00a00.900\u00a0/\u00a00.850",
+                                        "0.950\u00a0/\u00a00.900\u00a0/\u00a00.850", "40", "3.70",
+                                        "0.860\u00a0/\u00a00.570\u00a0/\u00a00.270")
     offline = {"served": {**fields([0.9, 0.7, 0.5], 100), "ceiling_per_position": [1, 1, 1],
                           "tool_call_spans": fields([0.95, 0.9, 0.85], 40),
                           "outside_tool_call_spans": fields([0.87, 0.57, 0.27], 60)}, **fields([0.9, 0.7, 0.5], 300)}

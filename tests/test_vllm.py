@@ -37,7 +37,7 @@ from eaglenest.states.convention import resolve_aux_layer_ids
 from eaglenest.states.vllm_extract import token_groups
 from eaglenest.workflow.errors import InputError
 
-SUITES, TEMPERATURES, KS, CONCURRENCY = ["heldout", "chat"], [0.0, 1.0], [3], [2, 4]  # conftest.FAST grid
+SUITES, TEMPERATURES, KS, CONCURRENCY = ["heldout", "tools"], [0.0, 1.0], [3], [2, 4]  # conftest.FAST grid
 # the drafter engines of that grid (eaglenest/workflow/serving.py)
 ENGINES = [(method, K) for method in ("greedy", "probabilistic") for K in KS]
 CEILINGS = {"greedy": "argmax oracle", "probabilistic": "draft-vocab oracle"}
@@ -101,8 +101,8 @@ def test_every_run_is_recorded_and_its_figures_hold_together(built, evaluation):
     plain = {(r["suite"], r["temperature"], r["concurrency"]): r for r in baseline["runs"]}
     heldout = [json.loads(line)["id"] for line in (built / "results/eval/prompts/heldout.jsonl").read_text().splitlines()]
     assert heldout and all(is_heldout(i, 0.1) for i in heldout)
-    assert metrics["suites"] == {"heldout": len(heldout), "chat": FAST["eval"]["max_prompts"]} == {
-        "heldout": FAST["eval"]["max_prompts"], "chat": FAST["eval"]["max_prompts"]}
+    assert metrics["suites"] == {"heldout": len(heldout), "tools": FAST["eval"]["max_prompts"]} == {
+        "heldout": FAST["eval"]["max_prompts"], "tools": FAST["eval"]["max_prompts"]}
     for run in runs:
         K, key = run["num_speculative_tokens"], (run["suite"], run["temperature"], run["concurrency"])
         drafts, per_position = run["num_drafts"], run["num_accepted_tokens_per_position"]
@@ -130,6 +130,19 @@ def test_every_run_is_recorded_and_its_figures_hold_together(built, evaluation):
         assert all(gap <= t for gap, t in zip(gaps, run["tolerance_per_position"]))
         offline = run["offline"]
         assert len(offline["acceptance_rate_per_position"]) == K and offline["num_draft_tokens"] == K * offline["num_drafts"]
+        # vLLM's drafts split at the tool-call sections of its text, the offline estimate's at those of
+        # the replayed one: each split adds up to its whole, and at temperature 0 (the same text) they are equal
+        spans, rest = run["tool_call_spans"], run["outside_tool_call_spans"]
+        assert spans["num_drafts"] + rest["num_drafts"] == same["num_drafts"]  # the steps on its text, split
+        assert [a + b for a, b in zip(spans["num_accepted_tokens_per_position"],
+                                      rest["num_accepted_tokens_per_position"])] == same["num_accepted_tokens_per_position"]
+        assert offline["tool_call_spans"]["num_drafts"] + offline["outside_tool_call_spans"]["num_drafts"] \
+            == offline["num_drafts"]
+        if run["temperature"] == 0:
+            for part in ("tool_call_spans", "outside_tool_call_spans"):
+                assert run[part]["num_drafts"] == offline[part]["num_drafts"]
+                assert run[part]["acceptance_rate_per_position"] == pytest.approx(
+                    offline[part]["acceptance_rate_per_position"])
         # the ceiling of the run's method on the same text: the argmax oracle bounds greedy drafting,
         # the draft-vocab oracle (p_T restricted to the draft vocab) probabilistic drafting
         ceiling = run["ceiling_per_position"]
@@ -162,6 +175,13 @@ def test_every_run_is_recorded_and_its_figures_hold_together(built, evaluation):
                                                                   offline["expected_standard_error_per_position"])]
             assert run["tolerance_per_position"] == pytest.approx([z * max(se, f) for se, f in zip(errors, floors)])
     assert metrics["agreement"]["sampled_comparisons"] == sum(k for _, k in ENGINES) * len(SUITES) * len(CONCURRENCY)
+    # the target calls the calculator in some greedy answers of the tools suite (in 3 of its first 8 on the demo
+    # target), and vLLM drafts inside those calls: their drafts are the tool-call spans' above
+    target = load_tokenizer(built / "results/target", trust_remote_code=False)
+    begin, end = (special_token_id(target, name) for name in ("<|tool_calls_section_begin|>", "<|tool_calls_section_end|>"))
+    for c in CONCURRENCY:
+        assert any(begin in o["token_ids"] and end in o["token_ids"] for o in texts[("tools", 0.0, c)])
+    assert all(r["tool_call_spans"]["num_drafts"] > 0 for r in runs if (r["suite"], r["temperature"]) == ("tools", 0))
     # probabilistic drafting: the same drafter, the same text, above greedy's ceiling at position 1
     # wherever its distribution is near the target's (the demo's: 0.84 against 0.65 held out)
     prob = {(r["suite"], r["concurrency"]): r for r in runs if r["draft_sample_method"] == "probabilistic"}

@@ -32,7 +32,7 @@ def test_story1_one_run_builds_every_artifact_then_nothing_is_stale(built, tmp_p
         "hidden_states/shard_00000.safetensors", "hidden_states/shard_00002.safetensors",
         "drafter/config.json", "drafter/model.safetensors", "train/train_log.tsv", "train/drafter_config.json",
         "eval/offline_metrics.json", "eval/drafter_check.json", "eval/vllm_metrics.json",
-        "eval/prompts/heldout.jsonl", "eval/prompts/chat.jsonl", "eval/vllm_baseline.json",
+        "eval/prompts/heldout.jsonl", "eval/prompts/tools.jsonl", "eval/vllm_baseline.json",
         "eval/vllm_baseline_outputs.jsonl", "eval/vllm_speculative/greedy/K3.json",
         "eval/vllm_speculative/probabilistic/K3.json",
         "eval/agreement_states/layers.json",
@@ -51,7 +51,7 @@ def test_story1_one_run_builds_every_artifact_then_nothing_is_stale(built, tmp_p
     for rule in ALL_RULES | UPSTREAM:
         if rule not in ("all", "hidden_states", "generate_part", "eval_prompts", "vllm_speculative"):
             assert (results / "logs" / f"{rule}.log").is_file(), rule  # the others: a log per shard, part, suite or K
-    assert {p.name for p in (results / "logs/eval_prompts").iterdir()} == {"heldout.log", "chat.log"}
+    assert {p.name for p in (results / "logs/eval_prompts").iterdir()} == {"heldout.log", "tools.log"}
     assert {str(p.relative_to(results / "logs/vllm_speculative")) for p in (results / "logs/vllm_speculative").glob("*/*")} \
         == {f"{method}/K{k}.log" for method in ("greedy", "probabilistic") for k in (3,)}
     shutil.copytree(built, tmp_path / "built", symlinks=True)  # a copy: nothing runs Snakemake in `built` (conftest)

@@ -131,19 +131,36 @@ def steps_on_text(accepted, drafted, end, K):
     return kept
 
 
+def step_counters(steps, K):
+    """vLLM's spec-decode counters (generation's `counters` shape) of (accepted, drafted) steps."""
+    per_position = [sum(a > k for a, _ in steps) for k in range(K)]
+    return {"num_drafts": len(steps), "num_draft_tokens": sum(n for _, n in steps),
+            "num_accepted_tokens": sum(per_position), "num_accepted_tokens_per_position": per_position}
+
+
 def common_text_counters(accepted_per_step, drafted_per_step, ends, K):
-    """vLLM's spec-decode counters (generation's `counters` shape) of only the steps whose K guesses
-    all fall on the text it compares (steps_on_text): ends[i], request i's generated tokens that
-    count (its text's length, or less where it leaves the text the offline side replays).
-    Offline, expected.sample_counts keeps the same anchors of a text served that far."""
-    drafts, draft_tokens, per_position = 0, 0, [0] * K
-    for accepted, drafted, end in zip(accepted_per_step, drafted_per_step, ends):
+    """vLLM's spec-decode counters of only the steps whose K guesses all fall on the text it
+    compares (steps_on_text): ends[i], request i's generated tokens that count (its text's length,
+    or less where it leaves the text the offline side replays). Offline, expected.sample_counts
+    keeps the same anchors of a text served that far."""
+    return step_counters([step for accepted, drafted, end in zip(accepted_per_step, drafted_per_step, ends)
+                          for step in steps_on_text(accepted, drafted, end, K)], K)
+
+
+def span_counters(prompts, outputs, accepted_per_step, drafted_per_step, ends, span, K):
+    """vLLM's drafts of the steps common_text_counters counts, split as drafts_in_span splits the
+    offline ones: {"tool_call_spans", "outside_tool_call_spans"}, each in its shape. A step whose
+    anchor is generated token g (steps_on_text's walk) drafts first generated token g+1 of the
+    request's text, prompt + output: the draft is the span's iff that token is in one (span_mask).
+    prompts, outputs: per request, its prompt's and its generated token ids; span: (begin, end) ids."""
+    parts = ([], [])  # (accepted, drafted) of the steps in a span, of the others
+    for prompt, output, accepted, drafted, end in zip(prompts, outputs, accepted_per_step, drafted_per_step, ends):
+        inside = span_mask(torch.tensor(list(prompt) + list(output)), *span)[len(prompt):].tolist()
+        g = 0
         for a, n in steps_on_text(accepted, drafted, end, K):
-            drafts, draft_tokens = drafts + 1, draft_tokens + n
-            for k in range(a):
-                per_position[k] += 1
-    return {"num_drafts": drafts, "num_draft_tokens": draft_tokens, "num_accepted_tokens": sum(per_position),
-            "num_accepted_tokens_per_position": per_position}
+            parts[0 if inside[g + 1] else 1].append((a, n))
+            g += a + 1
+    return {name: step_counters(steps, K) for name, steps in zip(("tool_call_spans", "outside_tool_call_spans"), parts)}
 
 
 def request_counts(accepted_per_step, drafted_per_step, ends, K):

@@ -248,12 +248,15 @@ def speculative_run(spec, run, plain, offline, ceiling, tolerance_per_position):
     the same text and the method's ceiling there (offline_estimates' oracle at the same K). The
     comparison holds vLLM's drafts whose guesses all fall on the text it returned and, at
     temperature 0, on the text the offline side replays ("vllm_same_text": vllm_speculative's
-    common_text_counters), as the offline side counts its own (expected.sample_counts)."""
+    common_text_counters), as the offline side counts its own (expected.sample_counts). With vLLM's
+    counters split at tool-call spans (acceptance.span_counters, on the same steps) it holds their
+    acceptance fields too, beside the offline estimate's split of its own drafts."""
     online = online_acceptance(run["counters"])
     same_text = online_acceptance(run["common_text_counters"])
     ceiling_rates = ceiling["acceptance_rate_per_position"]
     keep = {key: run[key] for key in ("greedy_text_unchanged", "divergent_share", "divergences", "replayed_text_differs")
             if key in run}
+    keep |= {name: online_acceptance(counters) for name, counters in run.get("span_counters", {}).items()}
     return {"suite": run["suite"], "temperature": run["temperature"],
             "draft_sample_method": spec["draft_sample_method"], "num_speculative_tokens": spec["num_speculative_tokens"],
             "concurrency": run["concurrency"], "prompts": run["prompts"], "generated_tokens": run["generated_tokens"],

@@ -19,11 +19,11 @@ import json
 import logging
 
 from eaglenest.data.generate import request_seed
-from eaglenest.data.tokenizer import load_tokenizer, special_token_id
+from eaglenest.data.tokenizer import load_tokenizer, special_token_id, tool_call_span
 from eaglenest.engine.generate import generate_at
 from eaglenest.engine.start import (EngineHolder, eagle3_speculative_config, engine_args, engine_core_here,
                                     seeded_sampling_args, start_engine, vllm_cpu, worker_environment)
-from eaglenest.evaluate.acceptance import common_text_counters, request_counts
+from eaglenest.evaluate.acceptance import common_text_counters, request_counts, span_counters
 from eaglenest.evaluate.suites import check_prompt_lengths, read_suites
 from eaglenest.workflow.atomic import atomic_path, write_json
 from eaglenest.workflow.jsonl import read_objects
@@ -136,14 +136,16 @@ def baseline_texts(outputs_path, max_tokens):
     return texts
 
 
-def counted_text(result, K, replayed=None):
+def counted_text(result, K, replayed=None, span=None, prompts=None):
     """vLLM's counters and per-request counts of only the steps whose K guesses all fall on the text
     the run returned (acceptance.common_text_counters: vLLM also counts accepts past a stop token)
     and, at temperature 0, before that text leaves the one evaluate_vllm replays (the baseline's at
     the largest concurrency: `replayed`, (ids, continuations)): {"common_text_counters",
     "per_request"} and with `replayed` "replayed_text_differs" ({prompt id: first differing
     generated token}). On a bit-exact engine the texts are equal; in bfloat16 a near-tie sends a
-    text elsewhere (greedy identity), and drafts past that point guess a text the replay never saw."""
+    text elsewhere (greedy identity), and drafts past that point guess a text the replay never saw.
+    With `span` (the tool-call section's (begin, end) ids) and `prompts` (each request's prompt
+    ids), also "span_counters": those steps split at the tool-call sections (acceptance.span_counters)."""
     texts = result["token_ids"]
     ends = [len(text) for text in texts]
     out = {}
@@ -154,18 +156,23 @@ def counted_text(result, K, replayed=None):
         ends = [min(end, first.get(i, end)) for i, end in zip(ids, ends)]
         out["replayed_text_differs"] = first
     steps = result["accepted_per_step"], result["drafted_per_step"], ends, K
+    if span:
+        out["span_counters"] = span_counters(prompts, texts, *steps[:3], span, K)
     return out | {"common_text_counters": common_text_counters(*steps), "per_request": request_counts(*steps)}
 
 
 def vllm_speculative(prompt_paths, target_dir, drafter_dir, baseline_outputs, runs_path, *, num_speculative_tokens,
                      suites, temperatures, concurrency, max_tokens, seed, vllm, trust_remote_code,
-                     end_of_turn, latency_prompts=None, draft_sample_method="greedy"):
+                     end_of_turn, latency_prompts=None, draft_sample_method="greedy", tool_call_tokens=None):
     """The target with the drafter at K = `num_speculative_tokens`, drafting by
     `draft_sample_method` (vLLM's name), one engine for every (suite, temperature, concurrency):
     writes the engine's runs (vLLM's counters, speed, and at temperature 0 where speculation changed
     the baseline's greedy text: evaluate_vllm judges each on the target's logits) and the dtype the
-    engine computed in."""
+    engine computed in. With `tool_call_tokens` (config tokenize's) each run also holds
+    "span_counters": vLLM's own counters split at the tool-call sections of its own text, as the
+    offline estimate splits its drafts (acceptance.span_counters)."""
     prompts = read_suites(prompt_paths, suites)
+    span = tool_call_span(target_dir, trust_remote_code=trust_remote_code, tool_call_tokens=tool_call_tokens)
     plain = baseline_texts(baseline_outputs, max_tokens)
     # the method is set here, not in eaglenest.engine.start, which generation imports: it must not go stale by it
     spec = eagle3_speculative_config(drafter_dir, num_speculative_tokens) | {"draft_sample_method": draft_sample_method}
@@ -183,7 +190,8 @@ def vllm_speculative(prompt_paths, target_dir, drafter_dir, baseline_outputs, ru
                 run |= {"greedy_text_unchanged": not divergences, "divergent_share": len(divergences) / len(ids),
                         "divergences": divergences}
             replayed = plain[(suite, temperature, max(concurrency))] if temperature == 0 else None
-            runs.append(run | counted_text(result, num_speculative_tokens, replayed))
+            runs.append(run | counted_text(result, num_speculative_tokens, replayed, span,
+                                           [entry["prompt_token_ids"] for entry in entries]))
         engine_dtype = str(engine.llm.llm_engine.model_config.dtype).removeprefix("torch.")
     out = {"vllm_version": result["vllm_version"], "draft_sample_method": draft_sample_method,
            "num_speculative_tokens": num_speculative_tokens, "max_tokens": max_tokens, "engine_dtype": engine_dtype,

@@ -66,22 +66,26 @@ def serving_table(online):
 
 
 def tool_call_table(online):
-    """Per vLLM run whose estimate was split at the target's tool-call sections (evaluate_vllm with
+    """Per vLLM run whose drafts were split at the target's tool-call sections (evaluate_vllm with
     tokenize.tool_call_tokens): acceptance per position on the drafts that start in a tool call
-    beside the rest, with vLLM's counters over the whole; none where no run was split."""
+    beside the rest, vLLM's counters split on its own text beside the offline estimate's split on
+    the reference text; none where no run was split."""
     runs = [r for r in online["runs"] if "tool_call_spans" in r["offline"]]
     if not runs:
         return []
     lines = ["", "## Acceptance on tool-call spans (section begin to section end) and elsewhere", "",
-             "| suite | temperature | concurrency | draft method, K | vLLM, whole text | offline, whole text "
-             "| tool-call spans | drafts there | elsewhere | drafts there |", "|---|---|---|---|---|---|---|---|---|---|"]
+             "| suite | temperature | concurrency | draft method, K | tool-call spans, vLLM | offline | drafts there "
+             "(vLLM, offline) | elsewhere, vLLM | offline | drafts there (vLLM, offline) |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     for r in runs:
-        spans, rest = r["offline"]["tool_call_spans"], r["offline"]["outside_tool_call_spans"]
-        lines.append(f"| {r['suite']} | {r['temperature']:g} | {r['concurrency']} | {engine_label(r)} | {_rates(r)} "
-                     f"| {_rates(r['offline'])} | {_rates(spans)} | {spans['num_drafts']:,.0f} | {_rates(rest)} "
-                     f"| {rest['num_drafts']:,.0f} |")
-    lines += ["", "- the offline replay splits vLLM's drafts by where each starts; at temperature 0 it is exact, so "
-                  "there the split is vLLM's own (the whole agrees with vLLM's counters, above)"]
+        cells = []
+        for name in ("tool_call_spans", "outside_tool_call_spans"):
+            served, offline = r[name], r["offline"][name]
+            cells += [_rates(served), _rates(offline), f"{served['num_drafts']:,.0f}, {offline['num_drafts']:,.0f}"]
+        lines.append(f"| {r['suite']} | {r['temperature']:g} | {r['concurrency']} | {engine_label(r)} | "
+                     + " | ".join(cells) + " |")
+    lines += ["", "- a draft is the span's when its first token is: vLLM's counters are split on the text it served, "
+                  "the offline estimate on the text it replays; at temperature 0 the two texts are the same"]
     return lines
 
 

@@ -281,9 +281,9 @@ def runs_table(online):
 
 def tool_call_spans_table(online):
     """DataFrame, one row per vLLM run split at the target's tool-call sections (evaluate_vllm with
-    tokenize.tool_call_tokens): acceptance on the drafts that start in a tool call beside the rest
-    (the offline replay of the run's text; at temperature 0 vLLM's own split), and vLLM's whole.
-    Empty where no run was split."""
+    tokenize.tool_call_tokens): acceptance on the drafts that start in a tool call beside the rest,
+    vLLM's counters split on its own text ("..., vLLM") and the offline replay's on the reference
+    text (the drafts counted are its), and vLLM's whole. Empty where no run was split."""
     suites, methods = suite_names(online), online["draft_sample_methods"]
     rows = []
     for r in sorted((r for r in online["runs"] if "tool_call_spans" in r["offline"]),
@@ -294,8 +294,10 @@ def tool_call_spans_table(online):
             "suite": r["suite"], "temperature": f"{r['temperature']:g}", "draft method": r["draft_sample_method"],
             "K": str(r["num_speculative_tokens"]), "concurrency": str(r["concurrency"]),
             "vLLM, whole text": _rates(r["acceptance_rate_per_position"]),
+            "tool-call spans, vLLM": _rates(r["tool_call_spans"]["acceptance_rate_per_position"]),
             "tool-call spans": _rates(spans["acceptance_rate_per_position"]), "drafts there": count(spans["num_drafts"]),
             "mean acceptance length there": f"{spans['mean_acceptance_length']:.2f}",
+            "elsewhere, vLLM": _rates(r["outside_tool_call_spans"]["acceptance_rate_per_position"]),
             "elsewhere": _rates(rest["acceptance_rate_per_position"]), "drafts elsewhere": count(rest["num_drafts"]),
             "mean acceptance length elsewhere": f"{rest['mean_acceptance_length']:.2f}",
         })
@@ -376,7 +378,8 @@ def write_acceptance_table(offline_path, vllm_path, table_path):
     spans = tool_call_spans_table(online)
     if len(spans):
         tables.insert(2, ("On tool-call spans (section begin to section end) and elsewhere: the drafts of each run "
-                          "by where they start, from the replay of its text (exact at temperature 0)", spans))
+                          "by where they start, vLLM's on the text it served, the offline replay's on its reference "
+                          "text (the same text at temperature 0)", spans))
     numeric = {"K", "concurrency", "drafts", "mean acceptance length", "largest gap", "tokens/s without",
                "tokens/s with", "speed-up", "accepted tokens", *[c for c in heldout if c.startswith("position")],
                "drafts there", "drafts elsewhere", "mean acceptance length there", "mean acceptance length elsewhere"}
