@@ -432,33 +432,35 @@ def tensors(drafter):
 # command in 2 allocations of a whole node each: shards 0 and 2 in the first, 1 and 3 in the second.
 PHASE_SHARDS = [f"results/hidden_states/shard_{i:05d}.safetensors" for i in range(4)]
 ALLOCATIONS = ["eaglenest-hidden_states-1of2", "eaglenest-hidden_states-2of2"]
-SUBMITTED_ALLOCATION = re.compile(r"^(eaglenest-hidden_states-\dof2): job (\d+), (\d+) of its (\d+) outputs", re.M)
+SUBMITTED_ALLOCATION = re.compile(r"^(eaglenest-\w+-\dof2): job (\d+), (\d+) of its (\d+) outputs", re.M)
 
 
-def slurm_phase(slurm, workdir):
-    """The command of `make slurm-phase PHASE=hidden_states NODES=2`, each allocation a node's memory
-    (so one per node) and one GPU (so its shards' jobs run one after another)."""
+def slurm_phase(slurm, workdir, rule="hidden_states"):
+    """The command of `make slurm-phase PHASE=<rule> NODES=2`, each allocation a node's memory (so
+    one per node) and one GPU (bench/slurm_generate.py runs it for generate_part)."""
     sbatch = ["--partition=gpu", f"--gpus={GPU_MODEL}:1", f"--mem={node_share()['RealMemory']}"]
-    return subprocess.Popen([sys.executable, "-m", "eaglenest.workflow.slurm_phase", "hidden_states", "--nodes", "2",
+    return subprocess.Popen([sys.executable, "-m", "eaglenest.workflow.slurm_phase", rule, "--nodes", "2",
                              "--", *sbatch], cwd=workdir, env=slurm.env, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True)
 
 
-def one_done_one_started(workdir):
-    """(the second allocation's shard that is written, the one whose job has started since), or None.
-    Its jobs run one after another (one GPU, and each shard job asks one); its log
-    (.snakemake/slurm_phase/) names a job's shard when Snakemake starts it, seconds before the
-    job's script can write anything."""
-    share = PHASE_SHARDS[1::2]
-    log = "".join(path.read_text() for path in (workdir / ".snakemake/slurm_phase").glob(f"{ALLOCATIONS[1]}-*.log"))
-    done = [shard for shard in share if (workdir / shard).exists()]
-    started = [shard for shard in share if f"wildcards: shard={shard[-17:-12]}" in log and shard not in done]
+def one_done_one_started(workdir, outputs=PHASE_SHARDS, allocation=ALLOCATIONS[1]):
+    """(the output of the second allocation's share that is written, the one whose job has started
+    since), or None. `outputs`: the phase's, sorted, each named <wildcard>_<value>.<suffix>. Its jobs
+    run one after another (one GPU, and each shard job asks one; a generate_part job asks a thread of
+    the node's one); its log (.snakemake/slurm_phase/) names a job's wildcard when Snakemake starts
+    it, seconds before the job's script can write anything."""
+    share = outputs[1::2]
+    log = "".join(path.read_text() for path in (workdir / ".snakemake/slurm_phase").glob(f"{allocation}-*.log"))
+    done = [output for output in share if (workdir / output).exists()]
+    started = [output for output in share
+               if f"wildcards: {Path(output).name.split('.')[0].replace('_', '=')}" in log and output not in done]
     return (done[0], started[0]) if len(done) == 1 and started else None
 
 
-def loads(workdir, job):
-    """How often allocation `job`'s engine service loaded the target (its own log)."""
-    return (workdir / f"results/logs/hidden_states/engine-slurm{job}.log").read_text().count("target loaded in")
+def loads(workdir, job, logs="hidden_states"):
+    """How often allocation `job`'s engine service loaded the target (its own log, in results/logs/<logs>/)."""
+    return (workdir / f"results/logs/{logs}/engine-slurm{job}.log").read_text().count("target loaded in")
 
 
 @pytest.fixture(scope="module")
