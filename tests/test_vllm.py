@@ -163,12 +163,13 @@ def test_every_run_is_recorded_and_its_figures_hold_together(built, evaluation):
         else:  # sampled: within the family-wise standard errors, no greedy identity to check
             assert "greedy_text_unchanged" not in run
             z = metrics["agreement"]["z"]
-            floors = [(a * (1 - a) / run["num_drafts"]) ** 0.5 for a in run["acceptance_rate_per_position"]]  # binomial
+            floors = [(a * (1 - a) / same["num_drafts"]) ** 0.5 for a in same["acceptance_rate_per_position"]]  # binomial
             spec = json.loads((built / f"results/eval/vllm_speculative/{run['draft_sample_method']}/K{K}.json").read_text())
             counts = next(r["per_request"] for r in spec["runs"]
                           if (r["suite"], r["temperature"], r["concurrency"]) == key)  # vLLM's own, by request
-            assert sum(counts["drafts"]) == run["num_drafts"]
-            assert [sum(a[k] for a in counts["accepted_per_position"]) for k in range(K)] == per_position
+            assert sum(counts["drafts"]) == same["num_drafts"]  # the steps on its text, by request
+            assert [sum(a[k] for a in counts["accepted_per_position"]) for k in range(K)] \
+                == same["num_accepted_tokens_per_position"]
             own = [ratio_standard_error([a[k] for a in counts["accepted_per_position"]], counts["drafts"])
                    for k in range(K)]  # vLLM's sample's spread, never below the replay's indicator's
             errors = [math.hypot(max(o, i), e) for o, i, e in zip(own, offline["indicator_standard_error_per_position"],
