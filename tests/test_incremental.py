@@ -200,8 +200,8 @@ def test_another_k_runs_its_drafter_engines_and_nothing_else_in_vllm(workdir):
     assert planned(workdir) == {"vllm_speculative": 2, "evaluate_vllm": 1, "summary": 1, "report_figures": 1, "all": 1}
     plan = snakemake(workdir, "-n").stdout
     assert "results/eval/vllm_speculative/greedy/K2.json" in plan and "results/eval/vllm_speculative/probabilistic/K2.json" in plan
-    edit_config(workdir, {"eval": {"num_speculative_tokens": [3], "suites": [{"name": "chat", "prompts": "resources/demo/eval_chat.jsonl"},
-                                                                            {"name": "again", "prompts": "resources/demo/eval_chat.jsonl"}]}})
+    edit_config(workdir, {"eval": {"num_speculative_tokens": [3], "suites": [{"name": "tools", "prompts": "resources/demo/eval_tools.jsonl"},
+                                                                            {"name": "again", "prompts": "resources/demo/eval_tools.jsonl"}]}})
     assert planned(workdir) == {"eval_prompts": 1, "vllm_baseline": 1, "vllm_speculative": 2, "agreement_states": 1,
                                 "evaluate_vllm": 1, "summary": 1, "report_figures": 1, "all": 1}
 
