@@ -94,12 +94,12 @@ report: setup
 	$(BIN)/snakemake --report results/report.html
 	@echo "report: $(CURDIR)/results/report.html (open it in a browser)"
 
-# Four workers (pytest-xdist) on CI's two cores: much of the suite waits (on an engine starting, a
-# Snakemake subprocess, a SLURM job), and while three workers build the three whole-workflow runs a
-# fourth runs the files that need none. One test file at a time, in the order tests/conftest.py
-# gives the files: each run is built once and shared by all workers (BENCHMARKS.md, "The suite").
+# Three workers (pytest-xdist) on CI's two cores: much of the suite waits (on an engine starting, a
+# Snakemake subprocess, a SLURM job), and a third worker fills that time. One test file at a time, in
+# the order tests/conftest.py gives the files: the whole-workflow runs are built once each and
+# shared by all workers (BENCHMARKS.md, "The suite").
 test: setup setup-cluster setup-browser setup-slurm
-	$(BIN)/pytest -q -n 4 --dist loadfile --no-loadscope-reorder --durations=50 tests
+	$(BIN)/pytest -q -n 3 --dist loadfile --no-loadscope-reorder --durations=50 tests
 
 lint: setup
 	$(BIN)/snakemake --lint
