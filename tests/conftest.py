@@ -130,7 +130,7 @@ def smollm2_target(tmp_path_factory):
 SMOLLM2_PROMPTS = 32
 SMOLLM2_CI = {  # configs/smollm2.yaml, shrunk: what the test's point does not need size for
     # float32, as vLLM on CPU is bit-exact only there: states held to 1e-4, greedy identity exact
-    "vllm": {"dtype": "float32"},
+    "vllm": {"dtype": "float32", "gpu_memory_utilization": 0.2},  # its weights and a KV cache: FAST's 0.05 holds no KV
     "generate": {"max_tokens": 32, "num_parts": 2, "temperatures": [0.0]},  # greedy answers; served at 0 and 1 below
     "vocab": {"draft_vocab_size": 512},
     "hidden_states": {"backend": "vllm", "dtype": "float32", "num_shards": 2},  # the test computes HF's
@@ -164,7 +164,6 @@ def smollm2_run(tmp_path_factory):
 
 KIMI_PROMPTS = 160  # of the demo's 2,000, answered greedily: 16 held out
 KIMI_CI = {  # configs/kimi.yaml, shrunk: the Kimi-packaged MLA target end to end, its drafter served in vLLM
-    "vllm": {"gpu_memory_utilization": 0.05},  # a KV cache of 1.2 GB, not 4.7: 2 s less of each engine start (speed only)
     "demo_target": {"steps": 60, "seq_len": 128},
     "generate": {"max_tokens": 48, "num_parts": 2, "temperatures": [0.0]},
     "hidden_states": {"backend": "hf", "num_shards": 2},  # vLLM's extraction on the wrapper: test_hidden_states_vllm.py
@@ -190,7 +189,8 @@ FAST = {  # the demo, shrunk so that a whole run takes a few minutes on 2 cores
     # acceptance read 0.05-0.15 below the offline law at position 1 in 13 of 16 runs (docs/VLLM.md)
     "demo_target": {"steps": 200, "batch_size": 8, "seq_len": 256},
     "generate": {"max_tokens": 64},
-    "vllm": {"gpu_memory_utilization": 0.05},  # a KV cache of 1.2 GB, not 4.7: 2 s less of each engine start (speed only)
+    # every test workflow's KV cache 1.2 GB, not 4.7: vLLM zeroes it, 2 s more of each engine start (speed only)
+    "vllm": {"gpu_memory_utilization": 0.05},
     "hidden_states": {"num_shards": 3},
     "train": {"epochs": 2},
     # K=3 alone: a drafter engine per draft method (the choice among several K: test_report's metrics); the
