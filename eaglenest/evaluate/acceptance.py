@@ -115,8 +115,8 @@ def served_positions(anchors, lengths):
 
 def steps_on_text(accepted, drafted, end, K):
     """One request's vLLM steps (per-step accepted and drafted counts, per_request_spec_decode_metrics
-    "detailed") whose K guesses all fall on its first `end` generated tokens, as (accepted, drafted)
-    pairs. vLLM's first step drafts after generated token 0; a step whose anchor is generated token
+    "detailed") whose K guesses all fall on its first `end` generated tokens, as (anchor, accepted,
+    drafted) triples. vLLM's first step drafts after generated token 0; a step whose anchor is generated token
     g guesses g+1 .. g+K and moves the anchor by its accepted tokens plus the target's own
     (served_positions' walk), so it is kept iff g + K < end. vLLM counts a step's accepted drafts
     before it trims them at a stop token or max_tokens (vllm/v1/core/sched/scheduler.py 2115-2148
@@ -126,15 +126,15 @@ def steps_on_text(accepted, drafted, end, K):
     for a, n in zip(accepted, drafted):
         if g + K >= end:
             break
-        kept.append((a, n))
+        kept.append((g, a, n))
         g += a + 1
     return kept
 
 
 def step_counters(steps, K):
-    """vLLM's spec-decode counters (generation's `counters` shape) of (accepted, drafted) steps."""
-    per_position = [sum(a > k for a, _ in steps) for k in range(K)]
-    return {"num_drafts": len(steps), "num_draft_tokens": sum(n for _, n in steps),
+    """vLLM's spec-decode counters (generation's `counters` shape) of steps_on_text's steps."""
+    per_position = [sum(a > k for _, a, _ in steps) for k in range(K)]
+    return {"num_drafts": len(steps), "num_draft_tokens": sum(n for _, _, n in steps),
             "num_accepted_tokens": sum(per_position), "num_accepted_tokens_per_position": per_position}
 
 
@@ -150,16 +150,14 @@ def common_text_counters(accepted_per_step, drafted_per_step, ends, K):
 def span_counters(prompts, outputs, accepted_per_step, drafted_per_step, ends, span, K):
     """vLLM's drafts of the steps common_text_counters counts, split as drafts_in_span splits the
     offline ones: {"tool_call_spans", "outside_tool_call_spans"}, each in its shape. A step whose
-    anchor is generated token g (steps_on_text's walk) drafts first generated token g+1 of the
+    anchor is generated token g (steps_on_text's) drafts first generated token g+1 of the
     request's text, prompt + output: the draft is the span's iff that token is in one (span_mask).
     prompts, outputs: per request, its prompt's and its generated token ids; span: (begin, end) ids."""
-    parts = ([], [])  # (accepted, drafted) of the steps in a span, of the others
+    parts = ([], [])  # the steps in a span, the others
     for prompt, output, accepted, drafted, end in zip(prompts, outputs, accepted_per_step, drafted_per_step, ends):
         inside = span_mask(torch.tensor(list(prompt) + list(output)), *span)[len(prompt):].tolist()
-        g = 0
-        for a, n in steps_on_text(accepted, drafted, end, K):
-            parts[0 if inside[g + 1] else 1].append((a, n))
-            g += a + 1
+        for step in steps_on_text(accepted, drafted, end, K):
+            parts[0 if inside[step[0] + 1] else 1].append(step)
     return {name: step_counters(steps, K) for name, steps in zip(("tool_call_spans", "outside_tool_call_spans"), parts)}
 
 
@@ -167,7 +165,7 @@ def request_counts(accepted_per_step, drafted_per_step, ends, K):
     """Per request, its drafts and its accepted drafts at each position, of the steps
     common_text_counters counts: {"drafts": [n], "accepted_per_position": [[a_1 .. a_K]]}: the
     spread of vLLM's own sample, by prompt, for the agreement check's standard errors."""
-    kept = [[a for a, _ in steps_on_text(accepted, drafted, end, K)]
+    kept = [[a for _, a, _ in steps_on_text(accepted, drafted, end, K)]
             for accepted, drafted, end in zip(accepted_per_step, drafted_per_step, ends)]
     return {"drafts": [len(steps) for steps in kept],
             "accepted_per_position": [[sum(a > k for a in steps) for k in range(K)] for steps in kept]}
