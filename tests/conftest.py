@@ -162,10 +162,10 @@ def smollm2_run(tmp_path_factory):
                       "resources/smollm2/prompts.jsonl", SMOLLM2_PROMPTS)
 
 
-KIMI_PROMPTS = 160  # of the demo's 2,000, answered greedily: 16 held out
+KIMI_PROMPTS = 96  # of the demo's 2,000, answered greedily: 10 held out
 KIMI_CI = {  # configs/kimi.yaml, shrunk: the Kimi-packaged MLA target end to end, its drafter served in vLLM
     "demo_target": {"steps": 60, "seq_len": 128},
-    "generate": {"max_tokens": 48, "num_parts": 2, "temperatures": [0.0]},
+    "generate": {"max_tokens": 32, "num_parts": 2, "temperatures": [0.0]},
     "hidden_states": {"backend": "hf", "num_shards": 2},  # vLLM's extraction on the wrapper: test_hidden_states_vllm.py
     "train": {"epochs": 2},
     "eval": {"suites": [], "temperatures": [0.0], "num_speculative_tokens": [3], "concurrency": [4],
