@@ -10,7 +10,7 @@ import pytest
 
 from conftest import REPO
 from eaglenest.workflow.gpu_lease import gpu_ids, gpu_lease, listed_devices
-from eaglenest.workflow.stage import run_stage
+from eaglenest.workflow.stage import call_stage
 
 IDS = "0,1,2,3,4,5,6,7"
 JOBS = {"g1_a": 1, "g1_b": 1, "g1_c": 1, "g1_d": 1, "g2_a": 2, "g2_b": 2, "g2_c": 2, "g4_a": 4, "g4_b": 4,
@@ -175,11 +175,11 @@ def test_without_settings_a_lease_takes_the_devices_nvidia_smi_lists(tmp_path):
     assert gpu_ids(job()) == []
 
 
-def test_run_stage_runs_the_stage_on_its_leased_devices(tmp_path, monkeypatch):
+def test_a_stage_runs_on_its_leased_devices(tmp_path, monkeypatch):
     for name, value in fake_devices(tmp_path).items():
         monkeypatch.setenv(name, value)
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
-    seen = run_stage(tmp_path / "stage.log", 1, lambda: os.environ["CUDA_VISIBLE_DEVICES"], gpus=2)
+    seen = call_stage(tmp_path / "stage.log", 1, lambda: os.environ["CUDA_VISIBLE_DEVICES"], gpus=2)
     assert seen == "0,1"
     assert "leased GPUs 0,1" in (tmp_path / "stage.log").read_text()
-    logging.getLogger().handlers.clear()  # run_stage's log file handler: not into later tests
+    logging.getLogger().handlers.clear()  # call_stage's log file handler: not into later tests

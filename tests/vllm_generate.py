@@ -10,6 +10,7 @@ import sys
 
 from eaglenest.engine.start import eagle3_speculative_config
 from eaglenest.evaluate.online import EvalEngine
+from eaglenest.workflow.stage import end_process
 
 
 def eval_run(target, prompts, *, drafter, num_speculative_tokens, concurrency, max_tokens, vllm):
@@ -30,3 +31,4 @@ if __name__ == "__main__":
         module, name = sys.argv[1].rsplit(".", 1)
         function = getattr(importlib.import_module(module), name)
     print("RESULT " + json.dumps(function(*call.get("args", []), **call.get("kwargs", {}))))
+    end_process()

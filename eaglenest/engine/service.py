@@ -49,6 +49,7 @@ from pathlib import Path
 from eaglenest import CHECKOUT
 from eaglenest.workflow.errors import InputError
 from eaglenest.workflow.gpu_lease import gpu_lease
+from eaglenest.workflow.stage import end_process
 
 log = logging.getLogger("eaglenest.engine.service")  # also when run as __main__
 
@@ -356,3 +357,4 @@ def _listen(folder, spec, engine):
 
 if __name__ == "__main__":
     main(sys.argv[1])
+    end_process()

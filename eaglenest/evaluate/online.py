@@ -21,7 +21,7 @@ import logging
 from eaglenest.data.generate import request_seed
 from eaglenest.data.tokenizer import load_tokenizer, special_token_id, tool_call_span
 from eaglenest.engine.generate import generate_at
-from eaglenest.engine.start import (EngineHolder, eagle3_speculative_config, engine_args, engine_core_here,
+from eaglenest.engine.start import (EngineHolder, eagle3_speculative_config, engine_args, worker_here,
                                     seeded_sampling_args, start_engine, vllm_cpu, worker_environment)
 from eaglenest.evaluate.acceptance import common_text_counters, request_counts, span_counters
 from eaglenest.evaluate.suites import check_prompt_lengths, read_suites
@@ -63,12 +63,12 @@ class EvalEngine(EngineHolder):
         if speculative_config:  # each request's accepted tokens per step: the agreement check's common text
             mends["per_request_spec_decode_metrics"] = "detailed"
         mends |= seeded_sampling_args(vllm, sampling=True)  # eval.temperatures may hold one above 0
-        here = engine_core_here(target_dir)
+        here = worker_here(target_dir)
         with worker_environment():
             self.llm = start_engine(target_dir, engine_args(vllm, trust_remote_code=trust_remote_code,
                                                             max_num_seqs=max(concurrency),
                                                             speculative_config=speculative_config, **mends))
-        if "worker_extension_cls" in mends and here:  # the engine core runs in this process: mend it again after this start
+        if "worker_extension_cls" in mends and here:  # the worker runs in this process: mend it again after this start
             from eaglenest.evaluate.cpu_sampling import mend as mend_sampling
             mend_sampling()
 

@@ -13,6 +13,7 @@ import torch.distributed as dist
 from eaglenest.train.launch import die_with_parent
 from eaglenest.train.loop import train_drafter
 from eaglenest.workflow.device import torch_device
+from eaglenest.workflow.stage import end_process
 
 
 def main(arguments_path):
@@ -37,3 +38,4 @@ def main(arguments_path):
 
 if __name__ == "__main__":
     main(sys.argv[1])
+    end_process()
