@@ -490,8 +490,9 @@ def phase(slurm, demo_target, tmp_path_factory):
                    "a shard of the second allocation written and the next one started", timeout_s=300)
         assert first.poll() is None, first.communicate()[0]
         done, in_flight = one_done_one_started(workdir)
-        jobs = {name: job for job, name, _ in (line.split("|") for line in slurm.run(
-            "squeue", "--noheader", "--format=%i|%j|%Z").splitlines()) if name in ALLOCATIONS}
+        # each allocation's job from its log's name (the first may have finished already: scontrol still shows it)
+        jobs = dict(re.fullmatch(r"(.+)-(\d+)\.log", path.name).groups()
+                    for path in (workdir / ".snakemake/slurm_phase").glob("*.log"))
         done_before = stamps(workdir, [done])
         slurm.run("scancel", jobs[ALLOCATIONS[1]])
         running = {name: slurm.run("scontrol", "show", "job", job) for name, job in jobs.items()}

@@ -13,7 +13,7 @@ def validate_config(config, schema_path):
         raise ValueError("config: generate.temperature: replaced by generate.temperatures (a list; null: "
                          "eval.temperatures)")
     with open(schema_path) as f:
-        schema = yaml.safe_load(f)
+        schema = yaml.load(f, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))  # libyaml where built: every dry run reads it
     errors = list(jsonschema.Draft202012Validator(schema).iter_errors(config))
     if errors:
         error = jsonschema.exceptions.best_match(errors)
