@@ -2,6 +2,11 @@
 
 import json
 import os
+import re
+import signal
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -90,6 +95,33 @@ def test_a_killed_writers_leftover_is_removed_by_the_next_write(tmp_path):
         tmp.write_bytes(b"whole")
     assert target.read_bytes() == b"whole" and not leftover.exists() and not nested.exists() and other.exists()
     assert oct(target.stat().st_mode & 0o777) == oct(0o666 & ~current_umask())
+
+
+# write_shard killed (-9) inside safetensors' save_file, as a kill mid-extraction can land
+KILLED_IN_SAVE = """
+import os, signal, sys, torch
+import eaglenest.states.shards as shards
+save_file = shards.save_file
+def save_then_die(tensors, filename, metadata=None):
+    save_file(tensors, filename, metadata=metadata)
+    os.kill(os.getpid(), signal.SIGKILL)
+shards.save_file = save_then_die
+shards.write_shard(sys.argv[1], [], hidden_size=8, dtype=torch.float32)
+"""
+
+
+def test_what_safetensors_writes_lives_where_the_next_write_of_the_shard_removes_it(tmp_path):
+    """safetensors writes through a temporary of its own beside the file it is given (.tmpXXXXXX,
+    renamed when done), GBs at Kimi's scale: write_shard gives it a file in a folder named as
+    atomic_path's temporaries are, so a kill leaves nothing the shard's next write does not remove."""
+    target = tmp_path / "shard_00001.safetensors"
+    killed = subprocess.run([sys.executable, "-c", KILLED_IN_SAVE, str(target)], cwd=Path(__file__).parents[1])
+    assert killed.returncode == -signal.SIGKILL
+    left = sorted(tmp_path.iterdir())
+    assert left and all(re.fullmatch(r"\.shard_00001\.safetensors\.\w+\.tmp", p.name) for p in left)
+    assert [p.name for folder in left if folder.is_dir() for p in folder.iterdir()] == ["shard"]
+    write_shard(target, [], hidden_size=8, dtype=torch.float32)
+    assert [p.name for p in tmp_path.iterdir()] == [target.name]
 
 
 def current_umask():

@@ -1,11 +1,17 @@
-"""run_stage: the rule's log holds what went wrong, as Snakemake points the user there."""
+"""run_stage: the rule's log holds what went wrong, as Snakemake points the user there; the job's
+process ends as a normal exit would, less the interpreter's teardown."""
 
 import logging
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
 from eaglenest.workflow.errors import InputError
 from eaglenest.workflow.stage import run_stage
+
+REPO = Path(__file__).resolve().parents[1]
 
 
 def bad_input():
@@ -38,3 +44,29 @@ def test_other_errors_leave_their_traceback_in_the_log(tmp_path):
     text = log.read_text()
     assert "broken_stage failed" in text and "Traceback (most recent call last)" in text
     assert 'return {}["missing"]' in text and "KeyError: 'missing'" in text
+
+
+# A job whose stage leaves a non-daemon thread writing, an atexit handler and unflushed output behind.
+JOB = """
+import atexit, sys, threading, time
+from eaglenest.workflow.stage import run_stage
+
+def stage(folder):
+    def late():
+        time.sleep(0.5)
+        open(folder + "/thread", "w").write("joined")
+    threading.Thread(target=late).start()
+    atexit.register(lambda: open(folder + "/atexit", "w").write("ran"))
+    sys.stdout.write("unflushed")
+    return "ignored"
+
+run_stage(sys.argv[2], 1, stage, sys.argv[1])
+raise AssertionError("run_stage returned")
+"""
+
+
+def test_a_job_ends_after_its_threads_and_atexit_handlers_with_its_output_flushed(tmp_path):
+    job = subprocess.run([sys.executable, "-c", JOB, str(tmp_path), str(tmp_path / "stage.log")], cwd=REPO,
+                         capture_output=True, text=True, timeout=60)
+    assert (job.returncode, job.stdout, job.stderr) == (0, "unflushed", "")
+    assert (tmp_path / "thread").read_text() == "joined" and (tmp_path / "atexit").read_text() == "ran"

@@ -23,6 +23,7 @@ shard, which slows every dry run at 1,000 shards: BENCHMARKS.md.)
 import hashlib
 import json
 import os
+import tempfile
 from pathlib import Path
 
 import torch
@@ -112,8 +113,13 @@ def write_shard(path, samples, *, hidden_size, dtype, aux_layers=3):
     for key in sorted(tensors):
         _digest_tensor(digest, key, tensors[key])
     tensors[DIGEST_KEY] = torch.frombuffer(bytearray(digest.digest()), dtype=torch.uint8)
-    with atomic_path(path) as tmp:
-        save_file(tensors, str(tmp), metadata={"sample_ids": sample_ids})
+    # safetensors writes through a temporary of its own beside the file it is given (.tmpXXXXXX, then a
+    # rename), which a kill would leave behind, GBs a shard: given a file in a folder named as ours are, the
+    # next write of this shard removes it with its folder (atomic_path's leftovers)
+    with atomic_path(path) as tmp, tempfile.TemporaryDirectory(prefix=f".{Path(path).name}.", suffix=".tmp",
+                                                               dir=tmp.parent) as folder:
+        save_file(tensors, os.path.join(folder, "shard"), metadata={"sample_ids": sample_ids})
+        os.replace(os.path.join(folder, "shard"), tmp)
 
 
 def _content_digest(sample_ids):

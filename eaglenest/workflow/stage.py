@@ -50,8 +50,8 @@ def end_process():
     """End this process as a normal exit would, less the interpreter's teardown of its modules.
 
     Everything a process writes is written and closed by then (outputs are renamed into place),
-    but tearing down torch, transformers and vLLM object by object costs 1 to 2.5 CPU-seconds per
-    process (BENCHMARKS.md, "The suite"), hundreds of processes in a run. What a normal exit does
+    but tearing down torch, transformers and vLLM object by object costs 0.4 (torch alone) to 2.5
+    (vLLM) CPU-seconds per process (BENCHMARKS.md, "The suite"), hundreds of processes in a run. What a normal exit does
     first still happens here: other non-daemon threads are joined, the atexit handlers run (an
     engine's processes stop, multiprocessing's children are joined, trackers finish, logs are
     flushed), and so are the standard streams."""
