@@ -57,9 +57,8 @@ def pytest_collection_modifyitems(items):
     fewest tests above two (its worker waits on the run alone, then is soon free), or its smallest
     user where none has more (a run whose only user came last would start when the rest is done,
     and run alone at the end: the Kimi-shaped run, 178 s of 1,079); then the files that need no
-    run; then the runs' other users, spread over the workers once the runs are built: first those
-    that mostly wait (MOSTLY_WAITS: a browser's rendering, which at the end would wait alone), then
-    the larger first. Without xdist the order changes nothing."""
+    run; then the runs' other users, the larger first, spread over the workers once the runs are
+    built. Without xdist the order changes nothing."""
     modules = {}
     for item in items:
         modules.setdefault(item.module.__name__, []).append(item)
@@ -67,8 +66,7 @@ def pytest_collection_modifyitems(items):
             for name, module in modules.items()}
     first = [min((name for name in modules if run in runs[name]),
                  key=lambda name: (len(modules[name]) <= 2, len(modules[name])), default=None) for run in WHOLE_RUNS]
-    users = sorted((name for name in modules if runs[name] and name not in first),
-                   key=lambda name: (not getattr(modules[name][0].module, "MOSTLY_WAITS", False), -len(modules[name])))
+    users = sorted((name for name in modules if runs[name] and name not in first), key=lambda name: -len(modules[name]))
     order = [name for name in first if name] + [name for name in modules if not runs[name]] + users
     items[:] = [item for name in order for item in modules[name]]
 

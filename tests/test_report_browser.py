@@ -15,9 +15,6 @@ from playwright.sync_api import sync_playwright
 from eaglenest.report.evaluate import plot_acceptance, plot_speed
 from test_report import write_metrics
 
-# Its first test takes over a minute of wall time and a few CPU-seconds (Chromium's rendering and
-# screenshots): the suite starts it among the first users of the built run (tests/conftest.py).
-MOSTLY_WAITS = True
 # Debian's `chromium` package; playwright never downloads a browser of its own here.
 CHROMIUM = "/usr/bin/chromium"
 # As root, in a closed network: no sandbox (root), no GPU, and none of Chromium's own background
