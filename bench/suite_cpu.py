@@ -71,8 +71,9 @@ def main(command):
     by_kind = collections.defaultdict(lambda: [0, 0.0])
     for (pid, start), (command_line, cpu) in seen.items():
         if start >= ours and int(pid) != os.getpid():
-            by_kind[kind(command_line)][0] += 1
-            by_kind[kind(command_line)][1] += cpu
+            counts = by_kind[kind(command_line)]
+            counts[0] += 1
+            counts[1] += cpu
     total = sum(cpu for _, cpu in by_kind.values())
     print(f"{' '.join(command)}: exit {returncode}, {wall:.0f} s, {total:.0f} CPU-seconds in "
           f"{sum(n for n, _ in by_kind.values())} processes")

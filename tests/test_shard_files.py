@@ -6,11 +6,11 @@ import re
 import signal
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 import torch
 
+from conftest import REPO
 from eaglenest.workflow.atomic import atomic_path
 from eaglenest.states.parts import part_paths, sha256_file, shard_of, split_tokenized
 from eaglenest.states.shards import check_shard, check_shards, write_shard
@@ -115,7 +115,7 @@ def test_what_safetensors_writes_lives_where_the_next_write_of_the_shard_removes
     renamed when done), GBs at Kimi's scale: write_shard gives it a file in a folder named as
     atomic_path's temporaries are, so a kill leaves nothing the shard's next write does not remove."""
     target = tmp_path / "shard_00001.safetensors"
-    killed = subprocess.run([sys.executable, "-c", KILLED_IN_SAVE, str(target)], cwd=Path(__file__).parents[1])
+    killed = subprocess.run([sys.executable, "-c", KILLED_IN_SAVE, str(target)], cwd=REPO)
     assert killed.returncode == -signal.SIGKILL
     left = sorted(tmp_path.iterdir())
     assert left and all(re.fullmatch(r"\.shard_00001\.safetensors\.\w+\.tmp", p.name) for p in left)

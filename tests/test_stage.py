@@ -4,14 +4,12 @@ process ends as a normal exit would, less the interpreter's teardown."""
 import logging
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
+from conftest import REPO
 from eaglenest.workflow.errors import InputError
 from eaglenest.workflow.stage import run_stage
-
-REPO = Path(__file__).resolve().parents[1]
 
 
 def bad_input():

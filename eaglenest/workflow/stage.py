@@ -51,10 +51,10 @@ def end_process():
 
     Everything a process writes is written and closed by then (outputs are renamed into place),
     but tearing down torch, transformers and vLLM object by object costs 0.4 (torch alone) to 2.5
-    (vLLM) CPU-seconds per process (BENCHMARKS.md, "The suite"), hundreds of processes in a run. What a normal exit does
-    first still happens here: other non-daemon threads are joined, the atexit handlers run (an
-    engine's processes stop, multiprocessing's children are joined, trackers finish, logs are
-    flushed), and so are the standard streams."""
+    (vLLM) CPU-seconds per process (BENCHMARKS.md, "The suite"), hundreds of processes in a run.
+    What a normal exit does first still happens here: other non-daemon threads are joined, the
+    atexit handlers run (an engine's processes stop, multiprocessing's children are joined,
+    trackers finish, logs are flushed), and so are the standard streams."""
     for thread in threading.enumerate():
         if thread is not threading.current_thread() and not thread.daemon:
             thread.join()
