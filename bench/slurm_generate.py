@@ -22,6 +22,7 @@ the cluster lock the SLURM tests' users take:
     flock /tmp/eaglenest-slurm-dev.lock nice -n 10 .venv/bin/python bench/slurm_generate.py
 """
 
+import os
 import re
 import shutil
 import sys
@@ -152,7 +153,7 @@ def main():
         local_s = local_run(local)
         local_loads = load_seconds(local / "results/logs/generate/engine.log")
         assert len(local_loads) == 1, local_loads
-        slurm = LocalSlurm(tmp / "slurm").start()
+        slurm = LocalSlurm(tmp / "slurm").start(owner=os.getpid())
         try:
             phase_s, phase_facts = phase_run(slurm, copy(base, "phase"), local)
             fault = fault_run(slurm, copy(base, "fault"), local)

@@ -15,7 +15,9 @@ No accounting daemon: job states come from squeue.
 
 A folder can be started again after a stop (its configuration, keys and devices rewritten), and
 stop does all it can whatever state the cluster is in: a dead slurmctld only skips the jobs'
-cancelling, every daemon of ours is stopped and the /etc link removed.
+cancelling, every daemon of ours is stopped and the /etc link removed. A test session's cluster
+records its owner: one whose owner died without stopping it (a killed run) is stopped by the next
+start, which would otherwise find the link taken.
 """
 
 import json
@@ -33,7 +35,7 @@ from pathlib import Path
 # The one place every SLURM command finds without SLURM_CONF, which the jobstep executor strips from
 # the srun it starts inside each job (snakemake_executor_plugin_slurm_jobstep, run_job: every
 # SLURM_* variable but the job's ids): a link to the cluster's file while it runs, so one local
-# cluster at a time per machine.
+# cluster at a time per machine (LocalSlurm.start: an abandoned one is stopped, a live one waited for).
 SYSTEM_CONF = Path("/etc/slurm/slurm.conf")
 GPU_MODEL = "rtx_pro_6000"  # profiles/slurm's gpu_model
 GPUS = 8  # per node
@@ -125,18 +127,30 @@ class LocalSlurm:
             raise RuntimeError(f"{' '.join(args)} failed ({result.returncode}): {result.stderr.strip()}")
         return result.stdout
 
-    def start(self, gpu_model=GPU_MODEL, gpus=GPUS, timeout_s=60.0):
+    def start(self, gpu_model=GPU_MODEL, gpus=GPUS, timeout_s=60.0, owner=None, wait_s=0.0):
         """Write the configuration, start the daemons, wait until both nodes are idle. A folder
-        stopped before is started afresh; one whose daemons run is refused."""
+        stopped before is started afresh; one whose daemons run is refused. `owner`: the pid of
+        the process that will stop the cluster (a test session's), None for one kept by hand.
+        Another cluster holding SYSTEM_CONF is stopped if it is abandoned (its owner died without
+        stopping it: a killed test run), waited for up to wait_s if its owner lives, refused if it
+        has none (started by hand)."""
         running = [name for name, pid in self.pids().items() if alive(pid)]
         if running:
             raise RuntimeError(f"{', '.join(running)} of the cluster in {self.folder} still run: stop it first "
                                f"(python tests/slurm_cluster.py stop {self.folder})")
-        if SYSTEM_CONF.is_symlink() and SYSTEM_CONF.resolve() == self.conf:
-            SYSTEM_CONF.unlink()  # left by this folder's cluster, none of whose daemons runs
-        if SYSTEM_CONF.exists() or SYSTEM_CONF.is_symlink():
-            raise RuntimeError(f"{SYSTEM_CONF} exists (-> {SYSTEM_CONF.resolve()}): another cluster is configured on "
-                               "this machine; stop it first (python tests/slurm_cluster.py stop FOLDER)")
+        deadline = time.monotonic() + wait_s
+        while SYSTEM_CONF.is_symlink():
+            holder = LocalSlurm(SYSTEM_CONF.resolve().parent)
+            if holder.abandoned():
+                holder.stop()  # removes the link
+            elif holder.owner() is None or time.monotonic() > deadline:
+                raise RuntimeError(f"{SYSTEM_CONF} links to the cluster in {holder.folder}, which runs"
+                                   + (f" for process {holder.owner()}" if holder.owner() else "")
+                                   + f": stop it first (python tests/slurm_cluster.py stop {holder.folder})")
+            else:
+                time.sleep(1.0)
+        if SYSTEM_CONF.exists():
+            raise RuntimeError(f"{SYSTEM_CONF} exists and is no cluster's of ours: this machine has a SLURM of its own")
         for sub in ("state", *(f"spool/{node}" for node in NODES)):
             (self.folder / sub).mkdir(parents=True, exist_ok=True)
         self.folder.chmod(0o755)  # munged: its socket's folder must be searchable by all
@@ -157,6 +171,10 @@ class LocalSlurm:
             os.mknod(self.folder / "dev" / f"gpu{i}", 0o600 | stat.S_IFCHR, os.makedev(1, 3))
         (self.folder / "gres.conf").write_text("".join(
             f"NodeName={node} Name=gpu Type={gpu_model} File={self.folder}/dev/gpu[0-{gpus - 1}]\n" for node in NODES))
+        if owner is None:
+            (self.folder / "owner.pid").unlink(missing_ok=True)
+        else:
+            (self.folder / "owner.pid").write_text(str(owner))
         SYSTEM_CONF.parent.mkdir(exist_ok=True)
         SYSTEM_CONF.symlink_to(self.conf)
         commands = {
@@ -202,6 +220,15 @@ class LocalSlurm:
         path = self.folder / "pids.json"
         return json.loads(path.read_text()) if path.exists() else {}
 
+    def owner(self):
+        path = self.folder / "owner.pid"
+        return int(path.read_text()) if path.exists() else None
+
+    def abandoned(self):
+        """Whether no one will stop this cluster: none of its daemons runs, or its owner died."""
+        owner = self.owner()
+        return not any(alive(pid) for pid in self.pids().values()) or (owner is not None and not alive(owner))
+
     def stop(self, timeout_s=30.0):
         """Cancel every job (where slurmctld and a slurmd live), then stop the daemons we started,
         by pid (SIGKILL after timeout_s), and remove the /etc link: each step whatever the others met."""
@@ -218,6 +245,7 @@ class LocalSlurm:
                 if name in pids:
                     stop_process(pids[name], timeout_s)
             (self.folder / "pids.json").unlink(missing_ok=True)
+            (self.folder / "owner.pid").unlink(missing_ok=True)
             if SYSTEM_CONF.is_symlink() and SYSTEM_CONF.resolve() == self.conf:
                 SYSTEM_CONF.unlink()
 

@@ -34,12 +34,13 @@ TOKENIZED = ["results/data/tokenized_data.jsonl", "results/data/tokenize_report.
 OUTPUTS = [*TOKENIZED, "results/data/token_freq.pt"]
 SUBMITTED = re.compile(r"has been submitted with SLURM jobid (\d+) \(log: .*?/rule_(\w+)/")
 TOKENIZE_MEM_MB = 100  # the fault below: the job's own Snakemake alone holds ~170 MB
+OTHER_SESSION_S = 900  # how long a session waits for another's cluster (its test_slurm.py takes ~7 min)
 
 
 @pytest.fixture(scope="session")
 def slurm(tmp_path_factory):
     """The cluster, started once for the session and stopped (every daemon, by pid) after it."""
-    cluster = LocalSlurm(tmp_path_factory.mktemp("slurm")).start()
+    cluster = LocalSlurm(tmp_path_factory.mktemp("slurm")).start(owner=os.getpid(), wait_s=OTHER_SESSION_S)
     pids = cluster.pids()
     yield cluster
     cluster.stop()
@@ -247,17 +248,31 @@ def field(record, name):
     return re.search(rf"\b{name}=(\S*)", record)[1]
 
 
-def test_the_cluster_stops_with_slurmctld_dead_and_starts_again_in_its_folder(slurm):
+def test_the_cluster_stops_with_slurmctld_dead_and_starts_again_in_its_folder(slurm, tmp_path):
     """`make slurm-stop` after slurmctld died stops every daemon and removes the /etc link;
-    `make slurm-start` on the stopped folder starts it afresh. First in the file: the session's
+    `make slurm-start` on the stopped folder starts it afresh. A second cluster is refused while
+    the session's owner lives, and the cluster of a killed session (daemons running, the link
+    taken, its owner dead) is stopped by the next start. First in the file: the session's
     cluster, started again, serves the tests below."""
+    with pytest.raises(RuntimeError, match=f"links to the cluster in {slurm.folder}, which runs for process {os.getpid()}"):
+        LocalSlurm(tmp_path / "second").start()
     before = slurm.pids()
     os.kill(before["slurmctld"], signal.SIGKILL)
     while alive(before["slurmctld"]):
         time.sleep(0.1)
     slurm.stop()
     assert not [name for name, pid in before.items() if alive(pid)] and not SYSTEM_CONF.is_symlink()
-    slurm.start()
+
+    killed = LocalSlurm(tmp_path / "killed_session")
+    session = subprocess.run([sys.executable, "-c", "import os, signal, slurm_cluster\n"
+                              f"slurm_cluster.LocalSlurm({str(killed.folder)!r}).start(owner=os.getpid())\n"
+                              "os.kill(os.getpid(), signal.SIGKILL)"], cwd=REPO / "tests")
+    assert session.returncode == -signal.SIGKILL and SYSTEM_CONF.resolve() == killed.conf
+    orphans = killed.pids()
+    assert set(orphans) == set(before) and all(alive(pid) for pid in orphans.values())
+
+    slurm.start(owner=os.getpid())
+    assert not [name for name, pid in orphans.items() if alive(pid)]
     assert slurm.idle() and SYSTEM_CONF.resolve() == slurm.conf
     assert set(slurm.pids()) == set(before) and not set(slurm.pids().values()) & set(before.values())
 
