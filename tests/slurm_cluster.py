@@ -141,11 +141,12 @@ class LocalSlurm:
         deadline = time.monotonic() + wait_s
         while SYSTEM_CONF.is_symlink():
             holder = LocalSlurm(SYSTEM_CONF.resolve().parent)
+            holder_owner = holder.owner()
             if holder.abandoned():
                 holder.stop()  # removes the link
-            elif holder.owner() is None or time.monotonic() > deadline:
+            elif holder_owner is None or time.monotonic() > deadline:
                 raise RuntimeError(f"{SYSTEM_CONF} links to the cluster in {holder.folder}, which runs"
-                                   + (f" for process {holder.owner()}" if holder.owner() else "")
+                                   + (f" for process {holder_owner}" if holder_owner else "")
                                    + f": stop it first (python tests/slurm_cluster.py stop {holder.folder})")
             else:
                 time.sleep(1.0)

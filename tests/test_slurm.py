@@ -254,7 +254,8 @@ def test_the_cluster_stops_with_slurmctld_dead_and_starts_again_in_its_folder(sl
     the session's owner lives, and the cluster of a killed session (daemons running, the link
     taken, its owner dead) is stopped by the next start. First in the file: the session's
     cluster, started again, serves the tests below."""
-    with pytest.raises(RuntimeError, match=f"links to the cluster in {slurm.folder}, which runs for process {os.getpid()}"):
+    refusal = f"links to the cluster in {slurm.folder}, which runs for process {os.getpid()}"
+    with pytest.raises(RuntimeError, match=refusal):
         LocalSlurm(tmp_path / "second").start()
     before = slurm.pids()
     os.kill(before["slurmctld"], signal.SIGKILL)
